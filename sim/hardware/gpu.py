@@ -1,0 +1,137 @@
+"""GPU specifications: datasheet peaks plus the efficiency real kernels reach.
+
+Peaks are NVIDIA datasheet figures (dense, no sparsity). Efficiencies are what large, well-shaped
+kernels reach in public cuBLAS / FlashAttention / STREAM-style measurements; they are ceilings for the
+roofline cost model, which adds wave quantisation and launch overhead on top.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.units import GB, TFLOPS, US
+
+
+class GPUSpec(BaseModel):
+    """One GPU model. Inline mappings in a scenario use the same fields (TFLOP/s, GB, GB/s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s per dtype (fp32, tf32, fp16, bf16, fp8)")
+    memory_GB: float = Field(gt=0, description="HBM capacity, GB (1e9 bytes)")
+    memory_bandwidth_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s")
+    sm_count: int = Field(108, gt=0, description="streaming multiprocessors (wave quantisation)")
+    gemm_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of peak a large GEMM reaches")
+    attention_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak fused attention reaches")
+    memory_efficiency: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    kernel_launch_us: float = Field(4.0, ge=0, description="fixed per-kernel overhead, µs")
+    nvlink: str | None = Field(None, description="default intra-node link preset")
+    price_per_gpu_hour: float = Field(2.0, ge=0, description="USD per GPU-hour (editable)")
+    power_W: float = Field(400.0, ge=0, description="board power under load, W")
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; tf32 falls back to fp32 on GPUs without tensor-float32."""
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype] * TFLOPS
+        if dtype == "tf32" and "fp32" in self.peak_tflops:
+            return self.peak_tflops["fp32"] * TFLOPS
+        raise KeyError(dtype)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_GB * GB
+
+    @property
+    def memory_bw_Bps(self) -> float:
+        return self.memory_bandwidth_GBps * GB
+
+    @property
+    def kernel_launch_s(self) -> float:
+        return self.kernel_launch_us * US
+
+
+GPU_PRESETS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in [
+        GPUSpec(
+            name="V100",
+            peak_tflops={"fp32": 15.7, "fp16": 125.0},
+            memory_GB=32,
+            memory_bandwidth_GBps=900,
+            sm_count=80,
+            gemm_efficiency=0.80,
+            attention_efficiency=0.45,
+            memory_efficiency=0.85,
+            nvlink="nvlink2",
+            price_per_gpu_hour=1.50,
+            power_W=300,
+        ),
+        GPUSpec(
+            name="A100-40GB",
+            peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+            memory_GB=40,
+            memory_bandwidth_GBps=1555,
+            sm_count=108,
+            gemm_efficiency=0.80,
+            attention_efficiency=0.65,
+            memory_efficiency=0.85,
+            nvlink="nvlink3",
+            price_per_gpu_hour=1.80,
+            power_W=400,
+        ),
+        GPUSpec(
+            name="A100-80GB",
+            peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+            memory_GB=80,
+            memory_bandwidth_GBps=2039,
+            sm_count=108,
+            gemm_efficiency=0.80,
+            attention_efficiency=0.65,
+            memory_efficiency=0.85,
+            nvlink="nvlink3",
+            price_per_gpu_hour=2.20,
+            power_W=400,
+        ),
+        GPUSpec(
+            name="H100-SXM",
+            peak_tflops={"fp32": 67.0, "tf32": 495.0, "fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
+            memory_GB=80,
+            memory_bandwidth_GBps=3350,
+            sm_count=132,
+            gemm_efficiency=0.72,
+            attention_efficiency=0.50,
+            memory_efficiency=0.85,
+            nvlink="nvlink4",
+            price_per_gpu_hour=3.00,
+            power_W=700,
+        ),
+        GPUSpec(
+            name="H200",
+            peak_tflops={"fp32": 67.0, "tf32": 495.0, "fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
+            memory_GB=141,
+            memory_bandwidth_GBps=4800,
+            sm_count=132,
+            gemm_efficiency=0.72,
+            attention_efficiency=0.50,
+            memory_efficiency=0.85,
+            nvlink="nvlink4",
+            price_per_gpu_hour=3.80,
+            power_W=700,
+        ),
+        GPUSpec(
+            name="B200",
+            peak_tflops={"fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
+            memory_GB=180,
+            memory_bandwidth_GBps=7700,
+            sm_count=148,
+            gemm_efficiency=0.70,
+            attention_efficiency=0.50,
+            memory_efficiency=0.85,
+            nvlink="nvlink5",
+            price_per_gpu_hour=5.50,
+            power_W=1000,
+        ),
+    ]
+}
+GPU_ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H200-SXM": "H200"}

@@ -1,0 +1,210 @@
+"""Pipeline-bubble charts: the stage × time schedule diagram of the GPipe/1F1B papers, and bubble vs m.
+
+The schedule is read from the Timeline (one representative GPU per stage); bubbles are its idle gaps.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, NullLocator, PercentFormatter, ScalarFormatter
+
+from sim.engine.timeline import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    RECOMPUTE,
+    STREAM_COMPUTE,
+    Span,
+    Timeline,
+)
+from sim.outputs import style
+from sim.outputs.gantt import (
+    MIN_LABEL_PT,
+    axes_width_pts,
+    draw_spans,
+    label_blocks,
+    legend_handles,
+    representative_gpus,
+    stages_of,
+)
+
+FIG_WIDTH_IN = 13.0
+PIPELINE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)
+
+
+def idle_gaps(spans: list[Span], t0: float, t1: float) -> list[tuple[float, float]]:
+    """Idle intervals ``(start, duration)`` of one stream within ``[t0, t1]`` (overlapping spans merged)."""
+    gaps = []
+    cursor = t0
+    for span in sorted(spans, key=lambda s: s.start_s):
+        if span.start_s > cursor:
+            gaps.append((cursor, min(span.start_s, t1) - cursor))
+        cursor = max(cursor, span.end_s)
+        if cursor >= t1:
+            break
+    if cursor < t1:
+        gaps.append((cursor, t1 - cursor))
+    return [(start, dur) for start, dur in gaps if dur > 0]
+
+
+def pipeline_window(spans: list[Span], end_s: float) -> tuple[float, float]:
+    """First start and last end of the drawn compute spans (the Timeline's end when there are none)."""
+    t0 = min((s.start_s for s in spans), default=0.0)
+    t_end = max((s.end_s for s in spans), default=end_s)
+    return t0, (t_end if t_end > t0 else t0 + 1.0)
+
+
+def closed_form_bubble(m: float, p: int, virtual_stages: int = 1) -> float:
+    """Bubble fraction (p−1)/(v·m+p−1) of GPipe/1F1B (v=1) and interleaved 1F1B (v>1)."""
+    return (p - 1) / (virtual_stages * m + p - 1)
+
+
+def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
+    """Stage rows (stage 0 on top) × time with blocks, micro-batch numbers and hatched bubbles."""
+    stages = stages_of(timeline)
+    reps = representative_gpus(timeline)
+    compute: dict[int, list[Span]] = defaultdict(list)
+    rep_set = set(reps)
+    for span in timeline.spans:
+        if span.stream == STREAM_COMPUTE and span.gpu in rep_set:
+            compute[span.gpu].append(span)
+    drawn = [s for spans in compute.values() for s in spans]
+    t0, t_end = pipeline_window(drawn, timeline.end_s)
+    # Bubbles are counted up to the last pipeline block: the optimizer step after it is not a bubble.
+    t1 = max((s.end_s for s in drawn if s.category in PIPELINE_CATEGORIES), default=t_end)
+    factor, unit = style.time_scale(t_end - t0)
+    chunked = any(int(s.args.get("chunk", 0)) > 0 for s in drawn)
+
+    n = len(reps)
+    row_in = min(0.5, max(0.15, 16.0 / max(n, 1)))
+    fig = Figure(figsize=(FIG_WIDTH_IN, max(3.0, n * row_in + 1.9)), layout="constrained")
+    ax = fig.add_subplot()
+    row_pts = row_in * 72.0
+    labels = [f"stage {stages.get(g, 0)} · gpu{g}" for g in reps]
+    ax.set_yticks(range(n), labels=labels, fontsize=max(5.0, min(9.0, row_pts * 0.5)))
+    ax.set_ylim(max(n, 1) - 0.5, -0.5)
+    ax.set_xlim(t0 * factor, t_end * factor)
+    ax.set_xlabel(f"time ({unit})")
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+    idle_fractions = []
+    for i, gpu in enumerate(reps):
+        gaps = idle_gaps(compute[gpu], t0, t1)
+        idle_fractions.append(sum(d for _, d in gaps) / max(t1 - t0, 1e-12))
+        ax.broken_barh(
+            [(s * factor, d * factor) for s, d in gaps],
+            (i - 0.4, 0.8),
+            facecolors=style.BUBBLE_COLOR,
+            edgecolors="#C07070",
+            linewidths=0.0,
+            hatch=style.BUBBLE_HATCH,
+            zorder=1,
+        )
+        ax.annotate(
+            f"{idle_fractions[-1]:.1%} idle",
+            xy=(1.005, i),
+            xycoords=("axes fraction", "data"),
+            va="center",
+            fontsize=8,
+            color="#8A3030",
+        )
+
+    pts_per_unit = axes_width_pts(fig, ax) / ((t_end - t0) * factor)
+    categories: set[str] = set()
+    block_fs = min(8.0, row_pts * 0.8 * 0.6)
+    for i, gpu in enumerate(reps):
+        categories |= draw_spans(ax, i, compute[gpu], factor, pts_per_unit, chunked)
+        if block_fs >= MIN_LABEL_PT:
+            label_blocks(ax, i, compute[gpu], factor, pts_per_unit, block_fs, chunked)
+
+    if summary.get("bubble_fraction") is not None:
+        bubble = f"bubble fraction {float(summary['bubble_fraction']):.1%}"
+    else:
+        bubble = f"idle on compute streams {np.mean(idle_fractions) if idle_fractions else 0.0:.1%}"
+    name = f"{summary['name']} · " if summary.get("name") else ""
+    fig.suptitle(f"Pipeline schedule · {name}{n} stages · {bubble}", fontsize=12)
+    ax.set_title(
+        "one GPU per stage (lowest id); hatched = bubble (compute stream idle before the last F/B block ends)",
+        fontsize=9,
+        loc="left",
+        color="#444444",
+    )
+    bubble_patch = Patch(
+        facecolor=style.BUBBLE_COLOR, edgecolor="#C07070", hatch=style.BUBBLE_HATCH, label="bubble (idle)"
+    )
+    handles = legend_handles(categories, chunked, [bubble_patch])
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9
+    )
+    return fig
+
+
+def plot_schedule(timeline: Timeline, summary: dict, out_stem: Path) -> list[Path]:
+    """Write the schedule diagram as ``out_stem.png`` and ``out_stem.svg``."""
+    return style.save_figure(schedule_figure(timeline, summary), Path(out_stem))
+
+
+def bubble_vs_microbatches_figure(points: list[tuple[int, float]], p: int, virtual_stages: int = 1) -> Figure:
+    """Simulated bubble fractions (markers) over the closed form (line) against the micro-batch count m."""
+    pts = sorted(points)
+    ms = np.array([m for m, _ in pts], dtype=float)
+    fracs = np.array([f for _, f in pts], dtype=float)
+    fig = Figure(figsize=(7.0, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    lo, hi = (ms.min(), ms.max()) if len(ms) else (1.0, 64.0)
+    log_x = hi / max(lo, 1e-9) > 10.0
+    grid = np.geomspace(lo, hi, 200) if log_x else np.linspace(lo, hi, 200)
+    v = virtual_stages
+    form = "(p−1)/(m+p−1)" if v == 1 else "(p−1)/(v·m+p−1)"
+    ax.plot(
+        grid,
+        closed_form_bubble(grid, p, v),
+        color="#555555",
+        linewidth=1.5,
+        label=f"closed form {form}",
+        zorder=1,
+    )
+    ax.plot(
+        ms,
+        fracs,
+        linestyle="none",
+        marker="o",
+        markersize=7,
+        color="#0072B2",
+        markeredgecolor="white",
+        label="simulated",
+        zorder=2,
+    )
+    if log_x:
+        ax.set_xscale("log")
+    if 0 < len(ms) <= 12:
+        ax.xaxis.set_major_locator(FixedLocator(ms))
+        ax.xaxis.set_minor_locator(NullLocator())
+        fmt = ScalarFormatter()
+        fmt.set_scientific(False)
+        ax.xaxis.set_major_formatter(fmt)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    top = max([closed_form_bubble(lo, p, v), *fracs.tolist()]) if len(ms) else 1.0
+    ax.set_ylim(0, top * 1.1 + 0.01)
+    ax.set_xlabel("micro-batches per step (m)")
+    ax.set_ylabel("bubble fraction")
+    ax.grid(color="#DDDDDD", linewidth=0.6)
+    ax.legend(frameon=False)
+    stages = f"p={p} stages" + (f", v={v} virtual stages" if v > 1 else "")
+    ax.set_title(f"Pipeline bubble vs micro-batches ({stages})", fontsize=11)
+    return fig
+
+
+def plot_bubble_vs_microbatches(
+    points: list[tuple[int, float]], p: int, out_stem: Path, virtual_stages: int = 1
+) -> list[Path]:
+    """Write the bubble-vs-m chart as ``out_stem.png`` and ``out_stem.svg``."""
+    return style.save_figure(bubble_vs_microbatches_figure(points, p, virtual_stages), Path(out_stem))

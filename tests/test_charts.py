@@ -1,0 +1,290 @@
+"""Charts: real image files, the expected rows/labels, representative mode on large runs, OOM marking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+from matplotlib.patches import Rectangle
+
+from sim.engine import timeline as tl
+from sim.engine.timeline import Span, Timeline
+from sim.outputs import style
+from sim.outputs.bubble import (
+    bubble_vs_microbatches_figure,
+    closed_form_bubble,
+    idle_gaps,
+    plot_bubble_vs_microbatches,
+    plot_schedule,
+    schedule_figure,
+)
+from sim.outputs.gantt import gantt_figure, gantt_rows, plot_gantt, representative_gpus
+from sim.outputs.memory_chart import memory_figure, over_capacity, plot_memory
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GB = 1e9
+
+
+def gpipe_timeline(
+    p: int = 4, m: int = 8, tf: float = 0.010, tb: float = 0.020, dp: int = 1, tp: int = 1, comm: bool = True
+) -> Timeline:
+    """A GPipe step laid out as the closed form says: all forwards, then all backwards, then the optimizer.
+
+    GPU id = d·p·tp + s·tp + k, so the lowest id of stage s is s·tp.
+    """
+    t = Timeline()
+    pipeline_end = (m + p - 1) * (tf + tb)
+    for d in range(dp):
+        for s in range(p):
+            for k in range(tp):
+                g = d * p * tp + s * tp + k
+                t.gpus.append(g)
+                t.stage_of[g] = s
+                t.labels[g] = f"gpu{g} dp{d} tp{k} pp{s}" if dp * tp > 1 else f"gpu{g} pp{s}"
+                for i in range(m):
+                    f_start = (i + s) * tf
+                    b_start = (m + p - 1) * tf + (i + p - 1 - s) * tb
+                    args = {"microbatch": i, "stage": s, "chunk": 0}
+                    t.add(Span(g, tl.STREAM_COMPUTE, f"F{i}", tl.FORWARD, f_start, tf, dict(args)))
+                    t.add(Span(g, tl.STREAM_COMPUTE, f"B{i}", tl.BACKWARD, b_start, tb, dict(args)))
+                    if comm and s < p - 1:
+                        t.add(
+                            Span(
+                                g,
+                                tl.STREAM_P2P,
+                                f"send F{i}",
+                                tl.COMM_PP,
+                                f_start + tf,
+                                tf / 10,
+                                {"bytes": 1e6, "op": "send", "microbatch": i},
+                            )
+                        )
+                    if comm and s > 0:
+                        t.add(
+                            Span(
+                                g,
+                                tl.STREAM_P2P,
+                                f"send B{i}",
+                                tl.COMM_PP,
+                                b_start + tb,
+                                tb / 10,
+                                {"bytes": 1e6, "op": "send", "microbatch": i},
+                            )
+                        )
+                    if comm and tp > 1:
+                        t.add(
+                            Span(
+                                g,
+                                tl.STREAM_COMM,
+                                "tp ar",
+                                tl.COMM_TP,
+                                f_start + tf / 2,
+                                tf / 5,
+                                {"bytes": 1e6, "op": "all_reduce"},
+                            )
+                        )
+                if comm:
+                    t.add(
+                        Span(
+                            g,
+                            tl.STREAM_COMM,
+                            "dp ar",
+                            tl.COMM_DP,
+                            pipeline_end,
+                            0.015,
+                            {"bytes": 1e8, "op": "all_reduce"},
+                        )
+                    )
+                t.add(Span(g, tl.STREAM_COMPUTE, "optimizer", tl.OPTIMIZER, pipeline_end + 0.015, 0.005, {}))
+    t.end_s = pipeline_end + 0.02
+    return t
+
+
+SUMMARY = {"name": "gpipe-p4-m8", "num_gpus": 4, "step_time_s": 0.35, "bubble_fraction": 3 / 11, "mfu": 0.41}
+
+
+def assert_images(paths: list[Path], stem: Path) -> str:
+    """Both files exist, the PNG decodes to a real image; returns the SVG text."""
+    assert paths == [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
+    png, svg = paths
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    img = mpimg.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400 and img.shape[2] in (3, 4)
+    text = svg.read_text(encoding="utf-8")
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+    # Atomic writes leave no temporary files behind.
+    assert not [p for p in png.parent.iterdir() if p.name.endswith(".tmp")]
+    return text
+
+
+# ------------------------------------------------------------------------------------------------- gantt
+
+
+def test_gantt_small_writes_png_and_svg_with_one_row_per_gpu_and_stream(tmp_path: Path) -> None:
+    timeline = gpipe_timeline()
+    stem = tmp_path / "out" / "gantt"
+    svg = assert_images(plot_gantt(timeline, SUMMARY, stem), stem)
+    rows, note = gantt_rows(timeline)
+    assert note == ""
+    assert len(rows) == 12  # 4 GPUs × compute, comm, p2p
+    assert rows[0].label == "gpu0 pp0 · compute"
+    assert [r.stream for r in rows[:3]] == ["compute", "comm", "p2p"]
+    for label in ("gpu3 pp3 · compute", "gpu0 pp0 · p2p", "gpipe-p4-m8", "bubble 27.3%", "MFU 41.0%"):
+        assert label in svg
+
+
+def test_gantt_figure_has_labels_microbatch_numbers_units_and_only_present_categories() -> None:
+    fig = gantt_figure(gpipe_timeline(), SUMMARY)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["gpu0 pp0 · compute", "gpu0 pp0 · comm"]
+    assert ax.get_xlabel() == "time (ms)"
+    numbers = [t.get_text() for t in ax.texts]
+    # 4 stages × 8 micro-batches × (F + B), each block 10-20 ms wide out of 350 ms: all labelled.
+    assert len(numbers) == 64 and numbers.count("7") == 8
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["forward (F)", "backward (B)", "optimizer", "DP collective", "PP send/recv", "idle"]
+    assert "TP collective" not in legend
+    assert "4 GPUs" in fig.get_suptitle() and "step 350 ms" in fig.get_suptitle()
+
+
+def test_gantt_representative_mode_above_max_rows(tmp_path: Path) -> None:
+    timeline = gpipe_timeline(p=8, m=4, dp=4, tp=4)  # 128 GPUs × 3 streams = 384 rows
+    assert len(timeline.gpus) == 128
+    rows, note = gantt_rows(timeline, max_rows=64)
+    assert sorted({r.gpu for r in rows}) == [0, 4, 8, 12, 16, 20, 24, 28] == representative_gpus(timeline)
+    assert len(rows) == 24
+    assert "showing 1 of 16 GPUs per stage" in note and "8 of 128 GPUs" in note
+    stem = tmp_path / "big"
+    svg = assert_images(plot_gantt(timeline, dict(SUMMARY, num_gpus=128), stem), stem)
+    assert "showing 1 of 16 GPUs per stage" in svg
+    assert "gpu28 dp0 tp0 pp7 · compute" in svg and "gpu29 dp0 tp1 pp7" not in svg
+    # Below the threshold every GPU is drawn.
+    rows_all, note_all = gantt_rows(timeline, max_rows=400)
+    assert len(rows_all) == 384 and note_all == ""
+
+
+def test_gantt_thins_stages_when_even_one_gpu_per_stage_is_too_many() -> None:
+    timeline = gpipe_timeline(p=64, m=2, dp=2, comm=False)
+    rows, note = gantt_rows(timeline, max_rows=16)
+    stages = [timeline.stage_of[r.gpu] for r in rows]
+    assert len(rows) == 16 and stages[0] == 0 and stages[-1] == 63
+    assert "16 of 64 stages" in note
+
+
+def test_gantt_figure_height_scales_with_rows() -> None:
+    small = gantt_figure(gpipe_timeline(p=2, m=2, comm=False), {})
+    large = gantt_figure(gpipe_timeline(p=8, m=2, tp=2), {})  # 48 rows
+    assert large.get_figheight() > 3 * small.get_figheight()
+
+
+# --------------------------------------------------------------------------------------- schedule / bubble
+
+
+def test_schedule_rows_are_stages_and_bubbles_match_closed_form(tmp_path: Path) -> None:
+    timeline = gpipe_timeline(p=4, m=8, dp=2, tp=2)
+    fig = schedule_figure(timeline, SUMMARY)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"stage {s} · gpu{2 * s}" for s in range(4)]
+    idle_labels = [t.get_text() for t in ax.texts if t.get_text().endswith("idle")]
+    assert idle_labels == ["27.3% idle"] * 4  # (p-1)/(m+p-1) = 3/11 on every stage
+    assert "bubble fraction 27.3%" in fig.get_suptitle()
+    stem = tmp_path / "schedule"
+    svg = assert_images(plot_schedule(timeline, SUMMARY, stem), stem)
+    assert "bubble (idle)" in svg and "stage 3 · gpu6" in svg
+
+
+def test_idle_gaps_merges_overlaps_and_clips_to_window() -> None:
+    spans = [
+        Span(0, "compute", "a", tl.FORWARD, 1.0, 2.0),
+        Span(0, "compute", "b", tl.FORWARD, 2.0, 2.0),
+        Span(0, "compute", "c", tl.FORWARD, 6.0, 1.0),
+    ]
+    assert idle_gaps(spans, 0.0, 8.0) == [(0.0, 1.0), (4.0, 2.0), (7.0, 1.0)]
+
+
+def test_bubble_vs_microbatches_line_is_closed_form_and_log_x_over_a_decade(tmp_path: Path) -> None:
+    points = [(m, closed_form_bubble(m, 4)) for m in (1, 2, 4, 8, 16, 32, 64)]
+    fig = bubble_vs_microbatches_figure(points, p=4)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    line, markers = ax.lines
+    for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+        assert y == pytest.approx(3 / (x + 3))
+    assert list(markers.get_xdata()) == [1, 2, 4, 8, 16, 32, 64]
+    assert closed_form_bubble(4, 8, 2) == pytest.approx(7 / 15)
+    narrow = bubble_vs_microbatches_figure([(4, 0.47), (8, 0.3)], p=8, virtual_stages=2)
+    assert narrow.axes[0].get_xscale() == "linear" and "v=2" in narrow.axes[0].get_title()
+    stem = tmp_path / "bubble_vs_m"
+    svg = assert_images(plot_bubble_vs_microbatches(points, 4, stem), stem)
+    assert "closed form" in svg and "simulated" in svg
+
+
+# ------------------------------------------------------------------------------------------------- memory
+
+
+def memory_summary(activations_gb: list[float], capacity_gb: float = 80.0) -> dict:
+    rows = []
+    for stage, act in enumerate(activations_gb):
+        row = {
+            "stage": stage,
+            "weights": 8 * GB,
+            "gradients": 8 * GB,
+            "optimizer": 32 * GB,
+            "activations": act * GB,
+            "buffers": 2 * GB,
+        }
+        row["peak"] = sum(v for k, v in row.items() if k != "stage")
+        rows.append(row)
+    over = any(r["peak"] > capacity_gb * GB for r in rows)
+    return {
+        "name": "mem",
+        "memory_by_stage": rows,
+        "gpu_memory_bytes": capacity_gb * GB,
+        "fits_in_memory": not over,
+    }
+
+
+def test_memory_chart_marks_oom(tmp_path: Path) -> None:
+    summary = memory_summary([36.0, 20.0, 12.0, 4.0])  # stage 0 needs 86 GB of 80
+    assert over_capacity(summary) == {0: pytest.approx(6 * GB)}
+    fig = memory_figure(summary)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert "OOM +6.0 GB" in texts
+    red_frames = [
+        p
+        for p in ax.patches
+        if isinstance(p, Rectangle)
+        and not p.get_fill()
+        and p.get_edgecolor()[:3] == pytest.approx((0.75294, 0.0, 0.0), abs=1e-3)
+    ]
+    assert len(red_frames) == 1
+    assert "does NOT fit" in fig.get_suptitle()
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"stage {s}" for s in range(4)]
+    stem = tmp_path / "memory"
+    svg = assert_images(plot_memory(summary, stem), stem)
+    assert "OOM +6.0 GB" in svg and "GPU capacity 80 GB" in svg
+
+
+def test_memory_chart_without_oom_has_no_mark() -> None:
+    summary = memory_summary([20.0, 10.0])
+    assert over_capacity(summary) == {}
+    fig = memory_figure(summary)
+    assert not [t for t in fig.axes[0].texts if "OOM" in t.get_text()]
+    assert "fits in memory" in fig.get_suptitle()
+
+
+# -------------------------------------------------------------------------------------------------- style
+
+
+def test_time_units_follow_the_extent() -> None:
+    assert style.time_scale(500e-6) == (pytest.approx(1e6), "µs")
+    assert style.time_scale(0.35)[1] == "ms"
+    assert style.time_scale(12.0) == (1.0, "s")
+    assert style.format_duration(0.35) == "350 ms"
+
+
+def test_every_category_has_a_distinct_colour() -> None:
+    colours = [style.CATEGORY_COLORS[c] for c in tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES]
+    assert len(set(colours)) == len(colours)

@@ -1,0 +1,332 @@
+"""Joins the three inputs late: hardware + model + strategy → topology, cost model and TrainingJob.
+
+This is the only module that knows all three; the executor runs what it builds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim import memory as mem
+from sim.cost.base import INTER_NODE, INTRA_NODE, CostModel
+from sim.cost.roofline import RooflineCostModel
+from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
+from sim.hardware.topology import Topology
+from sim.parallel.layout import partition_layers
+from sim.units import DTYPE_BYTES, MB
+from sim.workload.ops import ATTENTION, Op, elementwise
+
+# Bytes the optimizer step reads + writes per parameter it updates (memory-bound pass).
+# Mixed-precision Adam: read fp32 master, m, v, fp32 grad (16), write master, m, v (12) + 16-bit copy (2).
+# fp32 Adam: read 16, write 12. SGD with momentum: read master, momentum, grad; write master, momentum.
+OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 22, ("sgd", False): 20}
+
+
+def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel:
+    """The datasheet roofline, or a calibrated profile with the roofline filling its gaps."""
+    roof = RooflineCostModel(scenario.gpu)
+    path = calibration or scenario.calibration
+    if not path:
+        return roof
+    from sim.cost.calibrated import CalibratedCostModel
+
+    return CalibratedCostModel(path, fallback=roof)
+
+
+def topology_for(scenario, cost: CostModel) -> Topology:
+    c = scenario.cluster
+    n = c.gpus_per_node
+    return Topology(
+        nodes=c.nodes,
+        gpus_per_node=n,
+        intra=c.intra_node,
+        inter=c.inter_node,
+        nics_per_node=c.nics_per_node,
+        kind=c.topology.kind,
+        oversubscription=c.topology.oversubscription,
+        nodes_per_leaf=c.topology.nodes_per_leaf,
+        intra_override=cost.link_params(INTRA_NODE, n),
+        inter_override=cost.link_params(INTER_NODE, c.nodes),
+    )
+
+
+@dataclass
+class JobInfo:
+    """What metrics need besides the timeline: FLOPs, tokens, memory estimates, loss-scale history."""
+
+    model_flops_per_step: float = 0.0
+    hardware_flops_per_step: float = 0.0
+    tokens_per_sample: int = 1
+    single_gpu_time_s: float = 0.0  # the same step's compute, all on one GPU (T_1)
+    memory_by_stage: list[dict] = field(default_factory=list)
+    loss_scale: list[dict] = field(default_factory=list)
+    params_total: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _blocks(cost: CostModel, segments, prefix: str = "") -> tuple[Block, ...]:
+    out = []
+    for i, seg in enumerate(segments):
+        dur = sum(cost.op_time_s(op) for op in seg.ops)
+        name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
+        out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops)))
+    return tuple(out)
+
+
+def _op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op]) -> tuple[Block, ...]:
+    if not ops:
+        return ()
+    return (Block(name, sum(cost.op_time_s(op) for op in ops), None, 0.0, sum(op.flops for op in ops)),)
+
+
+def _grad_elem_bytes(precision: str) -> int:
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def _stage_chunks(n_layers: int, pp: int, v: int) -> list[list[int]]:
+    """Layer indices of each virtual stage (index vs = chunk * pp + stage)."""
+    return partition_layers(n_layers, pp * v)
+
+
+def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    kind = scenario.model.kind
+    if kind == "synthetic":
+        return _synthetic(scenario)
+    if kind == "transformer":
+        return _transformer(scenario, cost)
+    return _layers(scenario, cost)
+
+
+def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: Block, unscale: Block | None,
+            grad_bytes_per_gpu: float, cost: CostModel, info: JobInfo) -> TrainingJob:
+    par, tr = scenario.parallel, scenario.training
+    overflow: frozenset[int] = frozenset()
+    if tr.loss_scaling.kind != "none":
+        from sim.training.loss_scale import LossScaleConfig, simulate
+
+        ls = tr.loss_scaling
+        cfg = LossScaleConfig(mode=ls.kind, init_scale=ls.init_scale, growth_factor=ls.growth_factor,
+                              backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
+        recs = simulate(scenario.simulation.steps, cfg, overflow_steps=ls.overflow_steps or None,
+                        overflow_prob=ls.overflow_probability, rng=scenario.simulation.seed)
+        info.loss_scale = [{"step": r.step, "scale": r.scale, "overflow": r.overflow, "skipped": r.skipped}
+                           for r in recs]
+        overflow = frozenset(r.step for r in recs if r.skipped)
+    gc = tr.gradient_compression
+    compress = decompress = None
+    ratio = None
+    if gc is not None:
+        ratio = gc.ratio
+        e = _grad_elem_bytes(tr.precision)
+        k_bytes = grad_bytes_per_gpu * ratio
+        # Top-k: a threshold pass and a select pass over the gradients; decompress scatters dp·k values.
+        compress = _op_block(cost, "topk compress", [elementwise("topk", 2 * grad_bytes_per_gpu + k_bytes * 3, tr.precision)])[0]
+        decompress = _op_block(cost, "topk decompress", [
+            elementwise("scatter", grad_bytes_per_gpu + par.data * k_bytes * (1 + 4 / e), tr.precision)])[0]
+    return TrainingJob(
+        dp=par.data, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
+        microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
+        bucket_bytes=par.bucket_MB * MB, overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
+        unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
+        decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
+        steps=scenario.simulation.steps,
+    )
+
+
+def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[float],
+                     buffers_by_stage: list[float]) -> list[dict]:
+    par, tr = scenario.parallel, scenario.training
+    out = []
+    for s, params in enumerate(params_by_stage):
+        st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data, precision=tr.precision,
+                                   optimizer="sgd" if tr.optimizer == "sgd" else "adam")
+        b = mem.MemoryBreakdown(st["weights"], st["gradients"], st["optimizer"], act_by_stage[s], buffers_by_stage[s])
+        d = b.as_dict()
+        d["stage"] = s
+        out.append(d)
+    return out
+
+
+def _optimizer_block(cost: CostModel, scenario, params_per_gpu: float) -> tuple[Block, Block | None]:
+    par, tr = scenario.parallel, scenario.training
+    mixed = tr.precision not in ("fp32", "tf32")
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
+    shard = params_per_gpu / (par.data if par.zero >= 1 else 1)
+    opt_block = _op_block(cost, "optimizer step", [
+        elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32")])[0]
+    unscale = None
+    if tr.loss_scaling.kind != "none":
+        # Unscale (multiply by 1/S) and check for inf/NaN: read and write the fp32 gradients once.
+        grads = params_per_gpu / (par.data if par.zero >= 2 else 1)
+        unscale = _op_block(cost, "unscale+inf check", [elementwise("unscale", grads * 8, "fp32")])[0]
+    return opt_block, unscale
+
+
+# ---- synthetic ------------------------------------------------------------------------------------
+def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
+    m, par, tr = scenario.model, scenario.parallel, scenario.training
+    e = _grad_elem_bytes(tr.precision)
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
+    chunks = []
+    for layer_ids in parts:
+        layers = tuple(
+            LayerWork(f"L{i}", (Block("fwd", m.forward_ms / 1e3),),
+                      (Block("bwd", m.backward_ms / 1e3),) if m.backward_ms else (), (),
+                      grad_bytes=m.params_per_layer * e, param_bytes=m.params_per_layer * e)
+            for i in layer_ids)
+        chunks.append(ChunkWork(layers, send_bytes=m.activation_bytes))
+    info = JobInfo()
+    per_stage_layers = [sum(len(parts[c * par.pipeline + s]) for c in range(par.virtual_stages))
+                        for s in range(par.pipeline)]
+    params_by_stage = [n * m.params_per_layer for n in per_stage_layers]
+    info.params_total = m.layers * m.params_per_layer
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline)
+    static = [d["weights"] + d["gradients"] + d["optimizer"] for d in info.memory_by_stage]
+    opt = Block("optimizer step", m.optimizer_ms / 1e3)
+    info.single_gpu_time_s = scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms) / 1e3
+    return _common(scenario, chunks, static, opt, None, max(params_by_stage) * e, None, info), info
+
+
+# ---- transformer ----------------------------------------------------------------------------------
+def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    from sim.workload import transformer as tf
+
+    m, par, tr = scenario.model, scenario.parallel, scenario.training
+    d = tf.TransformerDims(
+        layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden, vocab=m.vocab,
+        seq_len=m.seq_len, kv_heads=m.kv_heads, mlp=m.mlp, bias=m.bias, norm=m.norm, position=m.position,
+        tied_embeddings=m.tied_embeddings)
+    b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
+    ck = tr.checkpointing
+    act_dtype = "bf16" if dtype == "fp8" else dtype
+    ebytes = DTYPE_BYTES[act_dtype]
+    gbytes = _grad_elem_bytes(dtype)
+    lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    fwd = _blocks(cost, lo.forward)
+    bwd = _blocks(cost, lo.backward_input)
+    wgt = _op_block(cost, "wgrad", lo.backward_weight)
+    if ck.kind == "full":
+        recompute = fwd
+    elif ck.kind == "selective":
+        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if op.kind == ATTENTION])
+    else:
+        recompute = ()
+    act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
+                  bytes_per_elem=ebytes)
+    full_layer_act = mem.activation_bytes_per_layer(checkpointing="none", **act_kw)
+    ckpt_act = mem.activation_bytes_per_layer(checkpointing=ck.kind, **act_kw)
+    layer_params = tf.layer_params(d) / t
+    # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).
+    kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
+    layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept)
+    emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    emb_params = tf.embedding_params(d) / t
+    vsn_total = par.pipeline * par.virtual_stages
+    # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
+    head_params = emb_params if (not d.tied_embeddings or vsn_total > 1) else 0.0
+    vsn = par.pipeline * par.virtual_stages
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
+    send = b * m.seq_len * m.hidden * ebytes / t  # Megatron scatter/gather p2p: each TP rank sends 1/t
+    chunks = []
+    for vs, ids in enumerate(parts):
+        works = []
+        if vs == 0:
+            works.append(LayerWork("embedding", _blocks(cost, emb.forward), _blocks(cost, emb.backward_input),
+                                   _op_block(cost, "wgrad", emb.backward_weight), (),
+                                   grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
+                                   activation_bytes=b * m.seq_len * m.hidden * ebytes / (t if sp else 1)))
+        for i in ids:
+            works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
+        if vs == vsn - 1:
+            logits_act = b * m.seq_len * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
+            works.append(LayerWork("head", _blocks(cost, head.forward), _blocks(cost, head.backward_input),
+                                   _op_block(cost, "wgrad", head.backward_weight), (),
+                                   grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
+                                   activation_bytes=logits_act))
+        chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
+    info = JobInfo(tokens_per_sample=m.seq_len)
+    gb = tr.global_batch
+    info.model_flops_per_step = tf.model_flops_per_iteration(d, gb)
+    info.hardware_flops_per_step = tf.hardware_flops_per_iteration(d, gb, ck.kind)
+    info.params_total = tf.model_params(d)
+    # Memory per stage (analytic; the simulation's own counter track is compared in metrics).
+    params_by_stage, act_by_stage, buf_by_stage = [], [], []
+    for s in range(par.pipeline):
+        n_layers = sum(len(parts[c * par.pipeline + s]) for c in range(par.virtual_stages))
+        p_s = n_layers * layer_params + (emb_params if s == 0 else 0) + (head_params if s == par.pipeline - 1 else 0)
+        params_by_stage.append(p_s)
+        inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
+                                              virtual_stages=par.virtual_stages)
+        acts = mem.activation_bytes_per_stage(
+            n_layers, full_layer_act if ck.kind == "full" else ckpt_act, checkpointing=ck.kind,
+            every_k=ck.every if ck.kind == "full" else None, in_flight_microbatches=inflight,
+            checkpoint_bytes=ckpt_act if ck.kind == "full" else None)
+        if s == 0:
+            acts += inflight * b * m.seq_len * m.hidden * ebytes
+        if s == par.pipeline - 1:
+            acts += b * m.seq_len * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
+        act_by_stage.append(acts)
+        # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights) and the
+        # two p2p activation buffers.
+        buf = 2 * par.bucket_MB * MB if par.zero < 3 else 2 * layer_params * ebytes * par.data
+        buf_by_stage.append(buf + 2 * send)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage)
+    static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
+    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
+    one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype)
+    per_mb = (sum(cost.op_time_s(op) for seg in one.forward + one.backward_input for op in seg.ops)
+              + sum(cost.op_time_s(op) for op in one.backward_weight)) * m.layers
+    info.single_gpu_time_s = per_mb * scenario.microbatches * par.data
+    return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info
+
+
+# ---- generic layers (CNN / MLP) -------------------------------------------------------------------
+def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    from sim.workload.layers import GenericLayer, generic_layer_ops
+
+    m, par, tr = scenario.model, scenario.parallel, scenario.training
+    b, dtype = tr.micro_batch, tr.precision
+    gbytes, ebytes = _grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
+    specs = [GenericLayer(x.name, x.params, x.forward_flops, x.activation_bytes) for x in m.layers]
+    parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages)
+    chunks = []
+    single = 0.0
+    ck = tr.checkpointing
+    for ids in parts:
+        works = []
+        for i in ids:
+            sp_ = specs[i]
+            lo = generic_layer_ops(sp_, micro_batch=b, dtype=dtype)
+            fwd = _op_block(cost, "fwd", [op for s in lo.forward for op in s.ops])
+            bwd = _op_block(cost, "dgrad", [op for s in lo.backward_input for op in s.ops])
+            wgt = _op_block(cost, "wgrad", lo.backward_weight)
+            single += sum(x.dur_s for x in fwd + bwd + wgt)
+            act = sp_.activation_bytes * b
+            works.append(LayerWork(sp_.name, fwd, bwd, wgt, fwd if ck.kind == "full" else (),
+                                   grad_bytes=sp_.params * gbytes, param_bytes=sp_.params * ebytes,
+                                   activation_bytes=act / (len(ids)) if ck.kind == "full" else act))
+        last = specs[ids[-1]] if ids else None
+        chunks.append(ChunkWork(tuple(works), send_bytes=(last.activation_bytes * b if last else 0.0)
+                                if par.pipeline > 1 else 0.0))
+    info = JobInfo()
+    info.params_total = sum(x.params for x in specs)
+    params_by_stage, act_by_stage = [], []
+    for s in range(par.pipeline):
+        ids = [i for c in range(par.virtual_stages) for i in parts[c * par.pipeline + s]]
+        params_by_stage.append(sum(specs[i].params for i in ids))
+        inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
+                                              virtual_stages=par.virtual_stages)
+        act_by_stage.append(inflight * sum(chunks_act.activation_bytes for c in range(par.virtual_stages)
+                                           for chunks_act in chunks[c * par.pipeline + s].layers))
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage,
+                                            [2 * par.bucket_MB * MB] * par.pipeline)
+    static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
+    info.single_gpu_time_s = single * scenario.microbatches * par.data
+    info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
+    info.hardware_flops_per_step = info.model_flops_per_step + (
+        sum(x.forward_flops for x in specs) * tr.global_batch if ck.kind == "full" else 0.0)
+    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
+    return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info

@@ -1,0 +1,188 @@
+"""dtsim command line: run | compare | sweep | plan | plot | calibrate | validate | schema.
+
+User mistakes (ScenarioError) print one line and exit 2; a failed simulation (e.g. a deadlock) exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.errors import ScenarioError, SimulationError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as a ScenarioError (one line, exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ScenarioError(f"{message}; see `{self.prog} --help`", "command line")
+
+
+def _fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.2f} µs"
+
+
+def summary_table(summary: dict) -> str:
+    """The human-readable summary printed by ``dtsim run``."""
+    rows: list[tuple[str, str]] = [("scenario", str(summary.get("name")))]
+    if summary.get("workload") == "collective":
+        rows.append(("collective", f"{summary['op']} ({summary['algorithm']}) on {summary['num_gpus']} GPUs"))
+        lines = [f"{k:<22} {v}" for k, v in rows]
+        lines.append(f"{'size (B)':>14} {'time':>12} {'algbw GB/s':>12} {'busbw GB/s':>12}")
+        for r in summary["collectives"]:
+            lines.append(f"{r['size_bytes']:>14} {_fmt_time(r['time_s']):>12} {r['algbw_GBps']:>12.2f} "
+                         f"{r['busbw_GBps']:>12.2f}")
+        return "\n".join(lines)
+    par = summary.get("parallel", {})
+    rows += [
+        ("GPUs", f"{summary['num_gpus']} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
+                 f"{par.get('pipeline')}, {par.get('schedule')}, ZeRO {par.get('zero')})"),
+        ("step time", _fmt_time(summary["step_time_s"])),
+        ("throughput", f"{summary['samples_per_s']:.2f} samples/s, {summary['tokens_per_s']:.4g} tokens/s"),
+        ("compute / step", _fmt_time(summary["compute_s"])),
+        ("exposed comm / step", _fmt_time(summary["exposed_comm_s"])),
+        ("bubble (idle) fraction", f"{summary['bubble_fraction']:.1%}"),
+        ("pipeline utilisation", f"{summary['pipeline_utilisation']:.1%}"),
+    ]
+    if "mfu" in summary:
+        rows.append(("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%} "
+                                  f"({summary['model_tflops_per_gpu']:.1f} TFLOP/s per GPU)"))
+    if "speedup" in summary:
+        rows.append(("speedup / efficiency", f"{summary['speedup']:.2f}× / {summary['efficiency']:.1%} "
+                                             f"(overhead {summary['overhead_gpu_s']:.4g} GPU·s)"))
+    mb = summary.get("memory_bytes")
+    if mb:
+        fit = "fits" if summary["fits_in_memory"] else (
+            f"DOES NOT FIT: {mb['peak'] / 1e9:.1f} GB > {summary['gpu_memory_bytes'] / 1e9:.0f} GB "
+            f"(+{summary['memory_over_bytes'] / 1e9:.1f} GB)")
+        rows.append(("peak memory / GPU", f"{mb['peak'] / 1e9:.2f} GB (stage {mb['stage']}) — {fit}"))
+        if not summary["fits_in_memory"] and summary.get("memory_fixes"):
+            rows.append(("to make it fit", "; ".join(summary["memory_fixes"][:3])))
+    if "cost_per_step_usd" in summary:
+        c = f"${summary['cost_per_step_usd']:.4g}/step"
+        if "cost_per_1M_tokens_usd" in summary:
+            c += f", ${summary['cost_per_1M_tokens_usd']:.4g}/1M tokens"
+        rows.append(("cost", c))
+    if "time_to_train_days" in summary:
+        rows.append(("time to train", f"{summary['time_to_train_days']:.2f} days, "
+                                      f"${summary['cost_to_train_usd']:,.0f}, {summary['energy_to_train_MWh']:.1f} MWh"))
+    if summary.get("skipped_steps"):
+        rows.append(("loss scaling", f"{summary['skipped_steps']} step(s) skipped on overflow"))
+    return "\n".join(f"{k:<22} {v}" for k, v in rows)
+
+
+def _default_out(name: str) -> Path:
+    return Path("results") / name
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sim.api import simulate, write_results
+    from sim.scenario.load import load_scenario
+
+    sc = load_scenario(args.scenario, args.set or [])
+    result = simulate(sc, args.calibration)
+    out = Path(args.out) if args.out else _default_out(sc.name)
+    write_results(result, out, charts=not args.no_charts)
+    if args.json:
+        from sim.outputs.writers import summary_json
+
+        sys.stdout.write(summary_json(result.summary))
+    else:
+        print(summary_table(result.summary))
+        st = result.stats
+        print(f"{'results':<22} {out}/ (simulated in {st['wall_s']:.2f} s: {st['transfers']} transfers, "
+              f"{st['compute_events']} compute ops)")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from sim.scenario.load import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sim.outputs.replot import replot
+
+    paths = replot(Path(args.result_dir), Path(args.out) if args.out else None)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    try:
+        from calibrate.cli import main as calibrate_main
+    except ImportError as e:  # torch missing
+        raise ScenarioError(f"calibration needs torch ({e}); install it with `pip install -e .[calibrate]`",
+                            "calibrate") from None
+    return calibrate_main(argv)
+
+
+def cmd_validate(argv: list[str]) -> int:
+    try:
+        from calibrate.validate import main as validate_main
+    except ImportError as e:
+        raise ScenarioError(f"validation needs torch ({e}); install it with `pip install -e .[calibrate]`",
+                            "validate") from None
+    return validate_main(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dtsim", description="Simulate distributed training on GPU clusters.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="simulate a scenario YAML and write results/<name>/")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. parallel.data=4")
+    r.add_argument("--out", help="result folder (default results/<name>)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
+    r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("schema", help="print the scenario JSON Schema")
+    s.set_defaults(func=cmd_schema)
+
+    pl = sub.add_parser("plot", help="redraw the charts of a result folder")
+    pl.add_argument("result_dir")
+    pl.add_argument("--out", help="folder for the charts (default: the result folder)")
+    pl.set_defaults(func=cmd_plot)
+
+    from sim.explore.cli import add_explore_commands
+
+    add_explore_commands(sub)
+    sub.add_parser("calibrate", help="benchmark this machine's kernels and collectives (needs torch)", add_help=False)
+    sub.add_parser("validate", help="run a small real training job and compare with the simulation", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "calibrate":
+            return cmd_calibrate(argv[1:])
+        if argv and argv[0] == "validate":
+            return cmd_validate(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except ScenarioError as e:
+        print(f"dtsim: error: {str(e).splitlines()[0] if str(e) else e!r}", file=sys.stderr)
+        return 2
+    except SimulationError as e:
+        print(f"dtsim: simulation failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dtsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""A cost model from a measured calibration profile (``dtsim calibrate``), with a datasheet fallback.
+
+How each op is priced:
+  GEMM         achieved FLOP/s at its shape, interpolated in log2(m, n, k) over the measured shapes
+               (inverse-distance weighting of the 4 nearest); a batched GEMM is priced as one GEMM of
+               shape (batch·m, n, k), which is how strided-batched kernels fill the GPU. Never faster than
+               the fastest GEMM measured (launch floor).
+  ATTENTION    as a GEMM of the equivalent shape: (batch·m, n, k) when the op carries a shape, otherwise a
+               cube of the same FLOPs; and never faster than moving its bytes at measured bandwidth.
+               Fused attention also does softmax and masking, so this is a lower bound on real kernels.
+  ELEMENTWISE  bytes / measured bandwidth at that size (median over copy/add/mul/gelu; per byte, so the
+               dtype does not matter).
+  FIXED        op.fixed_s.
+Dtypes (or sections) the profile lacks go to ``fallback`` and ``report()`` lists them. Shapes outside
+the measured range are extrapolated, counted (distinct ops) and warned about once.
+
+Only numpy and JSON are used here: ``calibrate.fit`` and ``calibrate.profile`` never import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from calibrate.fit import BandwidthCurve, ShapeTable
+from calibrate.profile import device_name, load_profile
+from sim.cost.base import CostModel
+from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
+
+LINK_SOURCE_OPS = ("all_reduce", "all_gather")  # fits that define per-link (α, B), in order of preference
+
+
+class CalibratedCostModel:
+    """CostModel backed by a profile; anything the profile cannot answer goes to ``fallback``."""
+
+    name = "calibrated"
+
+    def __init__(self, profile_path: str | os.PathLike, fallback: CostModel):
+        self.profile_path = str(profile_path)
+        self.profile = load_profile(profile_path)
+        self.fallback = fallback
+        fits = self.profile["fits"]
+        self._gemm = {dtype: ShapeTable(t["points"], t["min_time_s"]) for dtype, t in fits.get("gemm", {}).items()}
+        self._mem = BandwidthCurve(fits["memory"]["kernels"]) if fits.get("memory") else None
+        self._links = [
+            f for f in fits.get("collectives", []) if f["op"] in LINK_SOURCE_OPS and f.get("bandwidth_Bps")
+        ]
+        self._cache: dict[Op, float] = {}
+        self._extrapolated = 0
+        self._fallbacks: dict[str, None] = {}  # ordered set of reasons
+
+    # ------------------------------------------------------------------------------------------ ops
+
+    def op_time_s(self, op: Op) -> float:
+        """Seconds for ``op``; memoised, so each distinct op is priced (and counted) once."""
+        if op.kind == FIXED:
+            return op.fixed_s
+        cached = self._cache.get(op)
+        if cached is None:
+            cached = self._cache[op] = self._price(op)
+        return cached
+
+    def _price(self, op: Op) -> float:
+        if op.kind == ELEMENTWISE:
+            if self._mem is None:
+                return self._fall(op, "elementwise: profile has no memory section")
+            if op.bytes <= 0:
+                return self._fall(op, "elementwise: op without bytes")
+            t, extrapolated = self._mem.time_s(op.bytes)
+            return self._note(op, t, extrapolated, f"{op.bytes:.3g} bytes")
+        if op.kind not in (GEMM, ATTENTION):
+            return self._fall(op, f"op kind {op.kind!r}: not calibrated")
+        table = self._gemm.get(op.dtype)
+        if table is None:
+            have = ", ".join(sorted(self._gemm)) or "none"
+            return self._fall(op, f"{op.kind} dtype {op.dtype}: not in profile (measured: {have})")
+        m, n, k = self._equivalent_shape(op)
+        flops = op.flops if op.flops > 0 else 2.0 * m * n * k
+        tput, extrapolated = table.flops_per_s(m, n, k)
+        t = max(flops / tput, table.min_time_s)
+        if op.kind == ATTENTION and op.bytes > 0 and self._mem is not None:
+            t_mem, mem_extra = self._mem.time_s(op.bytes)
+            if t_mem > t:
+                t, extrapolated = t_mem, mem_extra
+        return self._note(op, t, extrapolated, f"(m, n, k) = ({m:.0f}, {n:.0f}, {k:.0f})")
+
+    @staticmethod
+    def _equivalent_shape(op: Op) -> tuple[float, float, float]:
+        """(batch·m, n, k) when the op has a shape; else the cube with the op's FLOPs (2·s³ = flops)."""
+        if op.m > 0 and op.n > 0 and op.k > 0:
+            return float(op.m * max(1, op.batch)), float(op.n), float(op.k)
+        side = max(1.0, (max(op.flops, 2.0) / 2.0) ** (1.0 / 3.0))
+        return side, side, side
+
+    def _note(self, op: Op, t: float, extrapolated: bool, where: str) -> float:
+        if extrapolated:
+            self._extrapolated += 1
+            if self._extrapolated == 1:
+                warnings.warn(
+                    f"calibrated cost model: {op.name} {where} is outside the range measured in {self.profile_path}; "
+                    "extrapolating (report()['extrapolated_ops'] counts such ops)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return t
+
+    def _fall(self, op: Op, reason: str) -> float:
+        self._fallbacks[f"{reason} -> {getattr(self.fallback, 'name', type(self.fallback).__name__)}"] = None
+        return self.fallback.op_time_s(op)
+
+    # ------------------------------------------------------------------------------------------ links
+
+    def link_params(self, scope: str, group_size: int) -> tuple[float, float] | None:
+        """Per-link (α_s, B_Bps) of ``scope`` from the fitted ring all-reduce (else all-gather) at the
+        nearest measured group size; None when the profile did not measure that scope."""
+        for op in LINK_SOURCE_OPS:
+            fits = [f for f in self._links if f["op"] == op and f["scope"] == scope]
+            if fits:
+                best = min(fits, key=lambda f: (abs(f["group_size"] - group_size), -f["group_size"]))
+                return float(best["alpha_s"]), float(best["bandwidth_Bps"])
+        return None
+
+    # ------------------------------------------------------------------------------------------ report
+
+    def report(self) -> dict:
+        return {
+            "name": self.name,
+            "profile": self.profile_path,
+            "device": device_name(self.profile),
+            "extrapolated_ops": self._extrapolated,
+            "fallbacks": list(self._fallbacks),
+            "link_scopes": sorted({f["scope"] for f in self._links}),
+        }

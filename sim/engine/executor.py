@@ -1,0 +1,346 @@
+"""Runs a TrainingJob on a World: one SimPy process per simulated GPU executes its stage's schedule
+action by action; TP collectives block the compute stream, pipeline sends go through a p2p stream,
+data-parallel gradient buckets through a DP stream that overlaps the backward pass.
+
+Symmetry: with ``symmetric=True`` only one GPU per pipeline stage is simulated (data rank 0, tensor
+rank 0); its collectives run with every member of the group arriving together (the others mirror it),
+and peers that share a NIC with it send their mirrored traffic too, so NIC contention stays exact.
+A TP collective whose links no other traffic of the job can touch is simulated once per shape and
+reused (exact for an otherwise idle NVSwitch). With ``symmetric=False`` every GPU runs its own process.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim.engine import collectives as coll
+from sim.engine.job import Block, ChunkWork, TrainingJob
+from sim.engine.timeline import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    COMM_DP,
+    COMM_PP,
+    COMM_TP,
+    CounterSample,
+    FORWARD,
+    OPTIMIZER,
+    RECOMPUTE,
+    COMPUTE,
+    STREAM_COMM,
+    STREAM_COMPUTE,
+    STREAM_P2P,
+)
+from sim.engine.world import Stream, World
+from sim.errors import SimulationError
+from sim.parallel.layout import Layout
+from sim.schedules.actions import Action, build_schedule
+
+STREAM_DP = "dp"
+
+
+class TrainingExecutor:
+    def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None):
+        self.world = world
+        self.env = world.env
+        self.job = job
+        self.layout = Layout(job.dp, job.tp, job.pp)
+        self.symmetric = symmetric
+        self.stragglers = stragglers or {}
+        topo = world.topology
+        if symmetric:
+            self.gpus = [self.layout.rank(0, 0, s) for s in range(job.pp)]
+        else:
+            self.gpus = list(range(self.layout.world_size))
+        self.schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.virtual_stages)
+        self._events: dict[tuple, simpy.Event] = {}
+        self._waiting: dict[int, str] = {}
+        self._finished: set[int] = set()
+        self.step_end_s: list[float] = [0.0] * job.steps
+        self._streams: dict[tuple[int, str], Stream] = {}
+        self._mem: dict[int, float] = {}
+        self._tp_cache: dict[tuple, float] = {}
+        self._tp_cacheable = symmetric and self._tp_links_private()
+        self.last_loss_scale: list[dict] = []
+        tl = world.timeline
+        for g in self.gpus:
+            tl.gpus.append(g)
+            tl.labels[g] = self.layout.label(g, topo.gpus_per_node)
+            tl.stage_of[g] = self.layout.coords(g)[2]
+            tl.represents[g] = job.dp * job.tp if symmetric else 1
+
+    # ---- public ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        procs = [self.env.process(self._gpu(g)) for g in self.gpus]
+        self.env.run()
+        stuck = [g for g in self.gpus if g not in self._finished]
+        if stuck:
+            desc = "; ".join(f"gpu{g} waits for {self._waiting.get(g, '?')}" for g in stuck[:8])
+            more = f" (+{len(stuck) - 8} more)" if len(stuck) > 8 else ""
+            raise SimulationError(f"deadlock: {len(stuck)} GPU(s) wait forever: {desc}{more}")
+        del procs
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _event(self, key: tuple) -> simpy.Event:
+        ev = self._events.get(key)
+        if ev is None:
+            ev = self._events[key] = self.env.event()
+        return ev
+
+    def _stream(self, g: int, name: str) -> Stream:
+        s = self._streams.get((g, name))
+        if s is None:
+            s = self._streams[(g, name)] = Stream(self.env, name)
+        return s
+
+    def _slow(self, g: int) -> float:
+        return self.stragglers.get(g, 1.0)
+
+    def _memory(self, g: int, delta: float) -> None:
+        self._mem[g] = self._mem.get(g, 0.0) + delta
+        self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
+
+    def _tp_links_private(self) -> bool:
+        """True when no pipeline or data-parallel traffic can cross the links TP collectives use."""
+        if self.job.tp == 1:
+            return True
+        topo = self.world.topology
+        tp_gpus = set()
+        for g in self.gpus:
+            tp_gpus.update(self.layout.tp_group(g))
+        if any(len({topo.node_of(x) for x in self.layout.tp_group(g)}) > 1 for g in self.gpus):
+            return False  # TP crosses nodes: it shares NICs with other traffic
+        for g in tp_gpus:
+            d, t, s = self.layout.coords(g)
+            neighbours = [self.layout.rank(d, t, s2) for s2 in (s - 1, s + 1) if 0 <= s2 < self.job.pp]
+            neighbours += self.layout.dp_group(g)
+            if any(n != g and topo.node_of(n) == topo.node_of(g) for n in neighbours):
+                return False  # pipeline or DP traffic inside the node shares the NVSwitch ports
+        return True
+
+    def _nic_peers(self, g: int) -> list[int]:
+        """TP peers of g (same node) that share a NIC with g: their mirrored traffic contends with g's."""
+        topo = self.world.topology
+        mine = set(topo.nics_of(g))
+        return [
+            x
+            for x in self.layout.tp_group(g)
+            if x != g and topo.node_of(x) == topo.node_of(g) and mine & set(topo.nics_of(x))
+        ]
+
+    # ---- collectives -----------------------------------------------------------------------------
+    def _collective(self, g: int, kind: str, op: str, size_bytes: float):
+        """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done."""
+        group = self.layout.tp_group(g) if kind == "tp" else (
+            self.layout.dp_group(g) if kind == "dp" else self.layout.mp_group(g))
+        p = len(group)
+        if p == 1 or size_bytes <= 0:
+            return
+        world = self.world
+        factory = lambda: coll.build(op, "ring", p, size_bytes)  # noqa: E731
+        if not self.symmetric:
+            run = world.collective((kind, tuple(group), op), g, factory, group)
+            yield run.join(group.index(g))
+            return
+        if kind == "tp" and self._tp_cacheable:
+            key = (op, size_bytes, tuple(group))
+            dur = self._tp_cache.get(key)
+            if dur is not None:
+                yield self.env.timeout(dur)
+                return
+            t0 = self.env.now
+            yield world.run_collective_alone(factory(), group).join_all()
+            self._tp_cache[key] = self.env.now - t0
+            return
+        mine = world.run_collective_alone(factory(), group)
+        if kind == "dp":
+            for peer in self._nic_peers(g):
+                pg = self.layout.dp_group(peer)
+                world.run_collective_alone(coll.build(op, "ring", p, size_bytes), pg).join_all()
+        yield mine.join_all()
+
+    def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
+        """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival."""
+        env = self.env
+        world = self.world
+        arrive = self._event(key)
+        if size_bytes <= 0:  # nothing to send (idealised synthetic pipelines): the data is just there
+            arrive.succeed()
+            return
+        dst = self.layout.stage_peer(g, dst_stage)
+
+        def body():
+            start = env.now
+            rt = world.topology.route(g, dst)
+            ev = world.network.transfer_event([(rt.links, 1.0)], size_bytes, rt.latency_s)
+            if self.symmetric:
+                for peer in self._nic_peers(g):
+                    pdst = self.layout.stage_peer(peer, dst_stage)
+                    prt = world.topology.route(peer, pdst)
+                    world.network.transfer_event([(prt.links, 1.0)], size_bytes, prt.latency_s)
+            yield ev
+            world.span(g, STREAM_P2P, name, COMM_PP, start, {"bytes": size_bytes, "op": "send", "dst": dst})
+            arrive.succeed()
+            return None
+
+        self._stream(g, STREAM_P2P).submit(body)
+
+    # ---- compute ---------------------------------------------------------------------------------
+    def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
+        env, world = self.env, self.world
+        slow = self._slow(g)
+        for b in blocks:
+            if b.dur_s > 0:
+                start = env.now
+                yield env.timeout(b.dur_s * slow)
+                world.compute_events += 1
+                world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", category, start, args)
+            if b.comm and b.comm_bytes > 0 and self.job.tp > 1:
+                start = env.now
+                yield from self._collective(g, "tp", b.comm, b.comm_bytes)
+                world.span(g, STREAM_COMM, f"{prefix} {b.name} {b.comm}", COMM_TP, start,
+                           {"bytes": b.comm_bytes, "op": b.comm, **args})
+
+    def _gpu(self, g: int):
+        job = self.job
+        _, _, stage = self.layout.coords(g)
+        actions = self.schedule[stage]
+        V = job.pp * job.virtual_stages
+        last_grad_action = self._last_grad_actions(actions)
+        static = job.static_bytes[stage] if job.static_bytes else 0.0
+        self._memory(g, static)
+        for step in range(job.steps):
+            dp_events: list[simpy.Event] = []
+            bucket = [0.0]
+            for idx, a in enumerate(actions):
+                vs = a.chunk * job.pp + stage
+                chunk = job.chunks[vs]
+                args = {"microbatch": a.microbatch, "stage": stage, "chunk": a.chunk, "step": step}
+                if a.kind == "F":
+                    if vs > 0:
+                        self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
+                        yield self._event(("F", g, step, vs, a.microbatch))
+                    self._memory(g, sum(lw.activation_bytes for lw in chunk.layers))
+                    for lw in chunk.layers:
+                        if job.zero == 3:
+                            yield from self._zero3_gather(g, lw.param_bytes)
+                        yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
+                    if vs < V - 1:
+                        self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
+                                   ("F", self.layout.stage_peer(g, (vs + 1) % job.pp), step, vs + 1, a.microbatch),
+                                   f"send act mb{a.microbatch}")
+                else:
+                    if a.kind == "B" and vs < V - 1:
+                        self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
+                        yield self._event(("B", g, step, vs, a.microbatch))
+                    final = idx in last_grad_action
+                    for lw in reversed(chunk.layers):
+                        if job.zero == 3:
+                            yield from self._zero3_gather(g, lw.param_bytes)
+                        if a.kind == "B":
+                            yield from self._blocks(g, lw.recompute, RECOMPUTE, args, f"R{a.microbatch} {lw.name}")
+                            cat = BACKWARD_INPUT if job.split_backward else BACKWARD
+                            yield from self._blocks(g, lw.backward, cat, args, f"B{a.microbatch} {lw.name}")
+                            if not job.split_backward:
+                                yield from self._blocks(g, lw.weight, BACKWARD, args, f"B{a.microbatch} {lw.name}")
+                        else:
+                            yield from self._blocks(g, lw.weight, BACKWARD_WEIGHT, args, f"W{a.microbatch} {lw.name}")
+                        has_grads = a.kind == "W" or not job.split_backward
+                        if has_grads and job.zero == 3:
+                            dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes * job.dp, step))
+                        elif has_grads and final and job.compression_ratio is None:
+                            bucket[0] += lw.grad_bytes
+                            if bucket[0] >= job.bucket_bytes and job.overlap_grad_sync:
+                                dp_events.append(self._dp_sync(g, self._grad_op(), bucket[0], step))
+                                bucket[0] = 0.0
+                    if a.kind == "B":
+                        self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
+                        if vs > 0:
+                            self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
+                                       ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1, a.microbatch),
+                                       f"send grad mb{a.microbatch}")
+            if bucket[0] > 0:
+                dp_events.append(self._dp_sync(g, self._grad_op(), bucket[0], step))
+            if job.compression_ratio is not None:
+                yield from self._compressed_sync(g, step)
+            self._waiting[g] = f"data-parallel gradient sync (step {step})"
+            if dp_events:
+                yield self.env.all_of(dp_events)
+            yield from self._optimizer(g, step)
+            self.step_end_s[step] = max(self.step_end_s[step], self.env.now)
+        self._finished.add(g)
+        self._waiting.pop(g, None)
+
+    def _grad_op(self) -> str:
+        return "reduce_scatter" if self.job.zero in (1, 2) else "all_reduce"
+
+    @staticmethod
+    def _last_grad_actions(actions: list[Action]) -> set[int]:
+        """Indices of the actions that produce each chunk's final weight gradients (DDP syncs then)."""
+        split = any(a.kind == "W" for a in actions)
+        last: dict[int, int] = {}
+        for i, a in enumerate(actions):
+            if a.kind == ("W" if split else "B"):
+                last[a.chunk] = i
+        return set(last.values())
+
+    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int) -> simpy.Event:
+        env, world = self.env, self.world
+
+        def body():
+            start = env.now
+            yield from self._collective(g, "dp", op, size_bytes)
+            if env.now > start:
+                world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start, {"bytes": size_bytes, "op": op, "step": step})
+            return None
+
+        return self._stream(g, STREAM_DP).submit(body)
+
+    def _zero3_gather(self, g: int, param_bytes: float):
+        """ZeRO-3 / FSDP: gather a layer's parameters from the data-parallel group before using them."""
+        if self.job.dp == 1 or param_bytes <= 0:
+            return
+        ev = self._dp_gather(g, param_bytes * self.job.dp)
+        yield ev
+
+    def _dp_gather(self, g: int, size_bytes: float) -> simpy.Event:
+        env, world = self.env, self.world
+
+        def body():
+            start = env.now
+            yield from self._collective(g, "dp", "all_gather", size_bytes)
+            if env.now > start:
+                world.span(g, STREAM_DP, "all_gather params", COMM_DP, start, {"bytes": size_bytes, "op": "all_gather"})
+            return None
+
+        return self._stream(g, STREAM_DP).submit(body)
+
+    def _compressed_sync(self, g: int, step: int):
+        """Top-k sparsified gradients: compress, all-gather values + indices, decompress."""
+        job = self.job
+        _, _, stage = self.layout.coords(g)
+        grads = sum(lw.grad_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers)
+        if job.compress:
+            yield from self._blocks(g, (job.compress,), COMPUTE, {"step": step}, "topk")
+        sent = grads * job.compression_ratio * (1 + job.index_bytes / job.grad_elem_bytes)
+        if job.dp > 1:
+            yield self._dp_sync(g, "all_gather", sent * job.dp, step)
+        if job.decompress:
+            yield from self._blocks(g, (job.decompress,), COMPUTE, {"step": step}, "topk")
+
+    def _optimizer(self, g: int, step: int):
+        job = self.job
+        env, world = self.env, self.world
+        if job.unscale is not None:
+            yield from self._blocks(g, (job.unscale,), OPTIMIZER, {"step": step}, "loss-scale")
+            start = env.now
+            yield from self._collective(g, "mp", "all_reduce", 4.0)
+            if env.now > start:
+                world.span(g, STREAM_COMM, "found_inf all_reduce", COMM_TP, start, {"bytes": 4.0, "op": "all_reduce"})
+        if step in job.overflow_steps:
+            return  # overflow: the update is skipped, the scale backs off
+        yield from self._blocks(g, (job.optimizer,), OPTIMIZER, {"step": step}, "")
+        if job.zero in (1, 2) and job.dp > 1:
+            _, _, stage = self.layout.coords(g)
+            params = sum(lw.param_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers)
+            yield self._dp_gather(g, params)

@@ -1,0 +1,72 @@
+"""A training job as the executor sees it: per virtual stage, per layer, blocks of priced work.
+
+Built from a scenario by ``sim.build`` (which joins hardware, model and strategy); the executor only
+runs it. Durations are per GPU (after tensor-parallel sharding) and per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Block:
+    """Compute of ``dur_s`` on the compute stream, then (optionally) a TP collective the next block
+    waits for. ``flops`` counts the arithmetic (for MFU/HFU bookkeeping)."""
+
+    name: str
+    dur_s: float
+    comm: str | None = None
+    comm_bytes: float = 0.0
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    name: str
+    forward: tuple[Block, ...]
+    backward: tuple[Block, ...]  # input gradients (and weight gradients unless the schedule splits them)
+    weight: tuple[Block, ...]  # weight gradients (W), used only by split-backward schedules
+    recompute: tuple[Block, ...] = ()  # forward re-run before backward (activation checkpointing)
+    grad_bytes: float = 0.0  # this GPU's gradient bytes of the layer (data-parallel sync)
+    param_bytes: float = 0.0  # this GPU's parameter bytes (ZeRO-3 gathers)
+    activation_bytes: float = 0.0  # kept per micro-batch until the backward
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    """One virtual pipeline stage as run by one GPU."""
+
+    layers: tuple[LayerWork, ...]
+    send_bytes: float = 0.0  # activations (and, back, their gradients) to the neighbour per micro-batch
+
+
+@dataclass
+class TrainingJob:
+    dp: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    microbatches: int
+    schedule: str
+    chunks: list[ChunkWork]  # index: virtual stage = chunk * pp + stage
+    zero: int = 0
+    bucket_bytes: float = 25e6
+    overlap_grad_sync: bool = True
+    optimizer: Block = field(default_factory=lambda: Block("optimizer", 0.0))
+    unscale: Block | None = None  # loss-scaling unscale + inf check (then a tiny all-reduce)
+    overflow_steps: frozenset[int] = frozenset()  # steps whose update is skipped (loss-scale overflow)
+    compression_ratio: float | None = None  # top-k sparsification of DP gradients
+    compress: Block | None = None
+    decompress: Block | None = None
+    index_bytes: int = 4
+    grad_elem_bytes: int = 2
+    static_bytes: list[float] = field(default_factory=list)  # per stage: weights+grads+optimizer+buffers
+    steps: int = 1
+
+    @property
+    def split_backward(self) -> bool:
+        return self.schedule in ("zb-h1", "zb-h2")
+
+    def chunk_of(self, stage: int, chunk: int) -> ChunkWork:
+        return self.chunks[chunk * self.pp + stage]

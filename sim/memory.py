@@ -1,0 +1,239 @@
+"""Per-GPU memory: model states (ZeRO), activations (checkpointing, in-flight micro-batches), fit checks.
+
+All results are bytes. Formulas follow reference.md: ZeRO (Rajbhandari et al. 2020) for model states and
+Korthikanti et al. 2022 Table 2 for transformer activations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from sim.errors import ScenarioError
+from sim.units import DTYPE_BYTES, GB
+
+MIXED_PRECISIONS = ("fp16", "bf16", "fp8")
+FULL_PRECISIONS = ("fp32", "tf32")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+CHECKPOINTING = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+_SCHEDULE_ALIASES = {
+    "one-f-one-b": "1f1b",
+    "interleaved-1f1b": "interleaved",
+    "zbh1": "zb-h1",
+    "zbh2": "zb-h2",
+    "zero-bubble-h1": "zb-h1",
+    "zero-bubble-h2": "zb-h2",
+}
+
+_FP32 = 4
+_HALF = 2
+
+
+def _optimizer_bytes_per_param(precision: str, optimizer: str) -> int:
+    """K: optimizer-state bytes per parameter.
+
+    Adam keeps momentum and variance (fp32); SGD keeps momentum only (plain SGD without momentum would be
+    K = 0 in fp32, not modelled). Mixed precision adds an fp32 master copy of the weights.
+    """
+    states = 2 if optimizer in ("adam", "adamw") else 1
+    master = 1 if precision in MIXED_PRECISIONS else 0
+    return _FP32 * (states + master)
+
+
+def model_state_bytes(
+    params: float, *, zero_stage: int, dp: int, precision: str, optimizer: str = "adam"
+) -> dict[str, float]:
+    """Weights, gradients and optimizer states per GPU for ``params`` held by this GPU's model shard.
+
+    Mixed precision (fp16/bf16/fp8 compute): 2 + 2 + K bytes per parameter (Adam K = 12: fp32 master,
+    momentum, variance; SGD-momentum K = 8). fp32/tf32: 4 + 4 + K (Adam K = 8, SGD-momentum K = 4).
+    ZeRO stage 1 shards the optimizer over dp, stage 2 also the gradients, stage 3 also the weights.
+    ``params`` is what this GPU holds after tensor/pipeline splitting, before ZeRO.
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ScenarioError(f"must be 0, 1, 2 or 3, got {zero_stage}", field="training.zero_stage")
+    if dp < 1:
+        raise ScenarioError(f"must be >= 1, got {dp}", field="parallel.dp")
+    if precision not in MIXED_PRECISIONS + FULL_PRECISIONS:
+        raise ScenarioError(
+            f"{precision!r} is not one of {', '.join(MIXED_PRECISIONS + FULL_PRECISIONS)}",
+            field="training.precision",
+        )
+    if optimizer not in OPTIMIZERS:
+        raise ScenarioError(
+            f"{optimizer!r} is not one of {', '.join(OPTIMIZERS)}", field="training.optimizer"
+        )
+    elem = _HALF if precision in MIXED_PRECISIONS else DTYPE_BYTES[precision]
+    k = _optimizer_bytes_per_param(precision, optimizer)
+    weights = elem * params / (dp if zero_stage >= 3 else 1)
+    gradients = elem * params / (dp if zero_stage >= 2 else 1)
+    optimizer_b = k * params / (dp if zero_stage >= 1 else 1)
+    return {"weights": float(weights), "gradients": float(gradients), "optimizer": float(optimizer_b)}
+
+
+def activation_bytes_per_layer(
+    *,
+    seq: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    checkpointing: str = "none",
+    bytes_per_elem: int = 2,
+) -> float:
+    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti et al. 2022, Table 2).
+
+    none: sbh(10 + 24/t + 5as/(ht)) (= sbh(34 + 5as/h) at t = 1); with SP sbh(34/t + 5as/(ht)).
+    selective: sbh(10 + 24/t), or 34sbh/t with SP. full: 2sbh (the layer input), 2sbh/t with SP.
+    The table counts 16-bit activations (and 1-byte dropout masks) with MHA, ffn = 4h and unfused
+    attention; the result is scaled by bytes_per_elem / 2.
+    """
+    if checkpointing not in CHECKPOINTING:
+        raise ScenarioError(
+            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING)}", field="training.checkpointing"
+        )
+    s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    sbh = s * b * h
+    sp = sequence_parallel and t > 1
+    if checkpointing == "full":
+        per_16bit = 2 * sbh / (t if sp else 1)
+    elif checkpointing == "selective":
+        per_16bit = 34 * sbh / t if sp else sbh * (10 + 24 / t)
+    elif sp:
+        per_16bit = sbh * (34 / t + 5 * a * s / (h * t))
+    else:
+        per_16bit = sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    return per_16bit * bytes_per_elem / 2
+
+
+def activation_bytes_per_stage(
+    layers_on_stage: int,
+    per_layer_bytes: float,
+    *,
+    checkpointing: str,
+    every_k: int | None = None,
+    in_flight_microbatches: float,
+    checkpoint_bytes: float | None = None,
+    include_recompute: bool = True,
+) -> float:
+    """Peak activation bytes of a pipeline stage.
+
+    per_layer_bytes is what a layer keeps for one micro-batch without full checkpointing (for
+    "selective", pass the selective figure). With "full", a checkpoint (the input of a segment of
+    every_k layers, default 1) is kept for each of ceil(L/k) segments and each in-flight micro-batch;
+    checkpoint_bytes is its size, defaulting to per_layer_bytes (the seeds' M_checkpoint ≈ C·M_layer).
+    Backward then recomputes one segment of one micro-batch at a time, adding k·per_layer_bytes
+    (include_recompute=False drops this, giving the seeds' figure).
+    """
+    if checkpointing not in CHECKPOINTING:
+        raise ScenarioError(
+            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING)}", field="training.checkpointing"
+        )
+    if checkpointing != "full":
+        return layers_on_stage * per_layer_bytes * in_flight_microbatches
+    k = 1 if every_k is None else every_k
+    if k < 1:
+        raise ScenarioError(f"must be >= 1, got {every_k}", field="training.checkpoint_every_k")
+    k = min(k, layers_on_stage) if layers_on_stage else k
+    checkpoints = math.ceil(layers_on_stage / k)
+    ckpt = per_layer_bytes if checkpoint_bytes is None else checkpoint_bytes
+    stored = checkpoints * ckpt * in_flight_microbatches
+    recompute = k * per_layer_bytes if (include_recompute and layers_on_stage) else 0.0
+    return stored + recompute
+
+
+def _schedule_name(schedule: str) -> str:
+    key = schedule.lower().replace("_", "-")
+    key = _SCHEDULE_ALIASES.get(key, key)
+    if key not in SCHEDULES:
+        raise ScenarioError(f"{schedule!r} is not one of {', '.join(SCHEDULES)}", field="parallel.schedule")
+    return key
+
+
+def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the stage's full layer set.
+
+    GPipe: m. 1F1B and ZB-H1: min(m, p − stage). ZB-H2: min(m, 2(p − stage) − 1), i.e. 2p − 1 on the
+    first stage. Interleaved (Megatron, v chunks): the stage holds min(v·m, 2(p − stage − 1) + (v − 1)p + 1)
+    chunk-micro-batches of 1/v of its layers each, which on the first stage is p(1 + (p − 1)/(p·v)).
+    """
+    if p < 1 or m < 1 or virtual_stages < 1:
+        raise ScenarioError(
+            f"need p, m, virtual_stages >= 1, got {p}, {m}, {virtual_stages}", field="parallel"
+        )
+    if not 0 <= stage < p:
+        raise ScenarioError(f"stage {stage} is outside 0..{p - 1}", field="parallel.pp")
+    kind = _schedule_name(schedule)
+    if kind == "gpipe":
+        return float(m)
+    if kind in ("1f1b", "zb-h1") or (kind == "interleaved" and virtual_stages == 1):
+        return float(min(m, p - stage))
+    if kind == "zb-h2":
+        return float(min(m, 2 * (p - stage) - 1))
+    v = virtual_stages
+    chunks = min(v * m, 2 * (p - stage - 1) + (v - 1) * p + 1)
+    return chunks / v
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU bytes by category; peak is their sum (buffers hold comm buckets, workspace, fragmentation)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float = 0.0
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "peak": self.peak}
+
+
+def fits(peak: float, capacity: float, reserve_fraction: float = 0.0) -> bool:
+    """Whether ``peak`` bytes fit in ``capacity`` after keeping ``reserve_fraction`` of it free."""
+    return peak <= capacity * (1.0 - reserve_fraction)
+
+
+def suggest_fixes(
+    breakdown: MemoryBreakdown,
+    capacity: float,
+    *,
+    zero_stage: int,
+    dp: int,
+    checkpointing: str,
+    pp: int,
+    layers: int,
+) -> list[str]:
+    """Concrete hints (with the bytes each saves) for a configuration that does not fit; [] if it fits."""
+    if fits(breakdown.peak, capacity):
+        return []
+    over = breakdown.peak - capacity
+    hints = [f"needs {breakdown.peak / GB:.1f} GB of {capacity / GB:.1f} GB (over by {over / GB:.1f} GB)"]
+    if dp > 1:
+        saved = 0.0
+        by_stage = (
+            (1, "optimizer states", breakdown.optimizer),
+            (2, "gradients", breakdown.gradients),
+            (3, "weights", breakdown.weights),
+        )
+        for stage, label, held in by_stage:
+            if stage > zero_stage:
+                saved += held * (1 - 1 / dp)
+                hints.append(f"enable ZeRO-{stage} (shards {label} too): saves {saved / GB:.1f} GB")
+    if checkpointing != "full" and breakdown.activations > 0:
+        hints.append("enable full activation checkpointing (keeps only each layer's input)")
+    states = breakdown.weights + breakdown.gradients + breakdown.optimizer
+    if states > 0 and pp < layers:
+        budget = capacity - breakdown.activations - breakdown.buffers
+        factor = math.ceil(states / budget) if budget > 0 else None
+        if factor is not None and factor > 1 and pp * factor <= layers:
+            hints.append(f"raise pipeline parallelism to {pp * factor} (model states / {factor})")
+        else:
+            hints.append("raise tensor or pipeline parallelism, or shrink the micro-batch")
+    return hints

@@ -1,0 +1,106 @@
+"""Timeline → Summary. Every figure here is read off the simulated timeline (plus the job's FLOP and
+memory bookkeeping); nothing is re-simulated or taken from a closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.engine.timeline import COMM_CATEGORIES, COMPUTE_CATEGORIES, STREAM_COMPUTE, Timeline
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    if not intervals:
+        return 0.0
+    arr = np.asarray(sorted(intervals))
+    total, cur_s, cur_e = 0.0, arr[0, 0], arr[0, 1]
+    for s, e in arr[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s)
+
+
+def _intersect_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of (union a) ∩ (union b)."""
+    return _union_length(a) + _union_length(b) - _union_length(a + b)
+
+
+def spans_by_gpu(timeline: Timeline) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for s in timeline.spans:
+        out.setdefault(s.gpu, []).append(s)
+    return out
+
+
+def gpu_breakdown(spans: list, t0: float, t1: float) -> dict[str, float]:
+    """Within [t0, t1]: compute busy, communication exposed (compute idle, comm in flight), idle."""
+    comp, comm = [], []
+    for s in spans:
+        if s.dur_s <= 0:
+            continue
+        a, b = max(s.start_s, t0), min(s.end_s, t1)
+        if b <= a:
+            continue
+        if s.stream == STREAM_COMPUTE and s.category in COMPUTE_CATEGORIES:
+            comp.append((a, b))
+        elif s.category in COMM_CATEGORIES:
+            comm.append((a, b))
+    busy = _union_length(comp)
+    comm_total = _union_length(comm)
+    overlapped = _intersect_length(comp, comm)
+    exposed = comm_total - overlapped
+    window = t1 - t0
+    return {"compute_s": busy, "exposed_comm_s": exposed, "comm_s": comm_total,
+            "idle_s": max(0.0, window - busy - exposed)}
+
+
+def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, num_gpus: int, global_batch: int,
+                     tokens_per_sample: int, peak_flops: float, model_flops: float, hardware_flops: float,
+                     single_gpu_time_s: float) -> dict:
+    steps = len(step_ends)
+    t_end = step_ends[-1]
+    step_time = t_end / steps
+    # Per GPU, over the whole run, per step.
+    by = spans_by_gpu(timeline)
+    per_gpu = {g: gpu_breakdown(by.get(g, []), 0.0, t_end) for g in timeline.gpus}
+    compute = max(v["compute_s"] for v in per_gpu.values()) / steps
+    exposed = max(v["exposed_comm_s"] for v in per_gpu.values()) / steps
+    comm_total = max(v["comm_s"] for v in per_gpu.values()) / steps
+    idle_fracs = [v["idle_s"] / t_end for v in per_gpu.values()]
+    util = [v["compute_s"] / t_end for v in per_gpu.values()]
+    samples_per_s = global_batch / step_time
+    out = {
+        "name": name,
+        "step_time_s": step_time,
+        "step_times_s": [b - a for a, b in zip([0.0] + step_ends[:-1], step_ends)],
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": samples_per_s * tokens_per_sample,
+        "global_batch": global_batch,
+        "num_gpus": num_gpus,
+        "compute_s": compute,
+        "comm_s": comm_total,
+        "exposed_comm_s": exposed,
+        "bubble_fraction": float(np.mean(idle_fracs)),
+        "pipeline_utilisation": float(np.mean(util)),
+    }
+    if model_flops > 0 and peak_flops > 0:
+        out["model_tflops_per_gpu"] = model_flops / step_time / num_gpus / 1e12
+        out["mfu"] = model_flops / (step_time * num_gpus * peak_flops)
+        out["hfu"] = hardware_flops / (step_time * num_gpus * peak_flops)
+    if single_gpu_time_s > 0:
+        out["single_gpu_time_s"] = single_gpu_time_s
+        out["speedup"] = single_gpu_time_s / step_time
+        out["efficiency"] = out["speedup"] / num_gpus
+        out["overhead_gpu_s"] = num_gpus * step_time - single_gpu_time_s
+    return out
+
+
+def simulated_peak_memory(timeline: Timeline) -> dict[int, float]:
+    """Per simulated GPU, the highest value of its memory counter track."""
+    peak: dict[int, float] = {}
+    for c in timeline.counters:
+        if c.name == "memory_bytes" and c.value > peak.get(c.gpu, -1.0):
+            peak[c.gpu] = c.value
+    return peak

@@ -1,0 +1,22 @@
+"""Draw every chart of a result from its timeline and summary (used by ``run`` and ``plot``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.engine.timeline import Timeline
+
+
+def draw_all(timeline: Timeline, summary: dict, out_dir: Path) -> list[Path]:
+    from sim.outputs.bubble import plot_schedule
+    from sim.outputs.gantt import plot_gantt
+    from sim.outputs.memory_chart import plot_memory
+
+    out_dir = Path(out_dir)
+    paths = list(plot_gantt(timeline, summary, out_dir / "gantt"))
+    if summary.get("workload") not in (None, "collective"):
+        if summary.get("parallel", {}).get("pipeline", 1) > 1:
+            paths += plot_schedule(timeline, summary, out_dir / "pipeline")
+        if summary.get("memory_by_stage"):
+            paths += plot_memory(summary, out_dir / "memory")
+    return paths

@@ -1,0 +1,62 @@
+"""Rank layout: rank ↔ (data, tensor, pipeline) coordinates and process groups.
+
+Megatron's order puts tensor parallelism innermost (consecutive ranks, so a TP group sits inside a node
+on NVLink), then data, then pipeline: rank = tp + T·(dp + D·pp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def rank(self, dp: int, tp: int, pp: int) -> int:
+        return tp + self.tp * (dp + self.dp * pp)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp, tp, pp) of ``rank``."""
+        tp = rank % self.tp
+        rest = rank // self.tp
+        return rest % self.dp, tp, rest // self.dp
+
+    def tp_group(self, rank: int) -> list[int]:
+        d, _, p = self.coords(rank)
+        return [self.rank(d, t, p) for t in range(self.tp)]
+
+    def dp_group(self, rank: int) -> list[int]:
+        _, t, p = self.coords(rank)
+        return [self.rank(d, t, p) for d in range(self.dp)]
+
+    def mp_group(self, rank: int) -> list[int]:
+        """All ranks of this rank's model replica (tensor × pipeline)."""
+        d, _, _ = self.coords(rank)
+        return [self.rank(d, t, p) for p in range(self.pp) for t in range(self.tp)]
+
+    def stage_peer(self, rank: int, stage: int) -> int:
+        """The rank holding the same data/tensor slice on pipeline stage ``stage``."""
+        d, t, _ = self.coords(rank)
+        return self.rank(d, t, stage)
+
+    def label(self, rank: int, gpus_per_node: int) -> str:
+        d, t, p = self.coords(rank)
+        return f"gpu{rank} n{rank // gpus_per_node} dp{d} tp{t} pp{p}"
+
+
+def partition_layers(n_layers: int, stages: int) -> list[list[int]]:
+    """Balanced contiguous partition of layers into ``stages`` groups (earlier stages get the extra)."""
+    base, extra = divmod(n_layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        k = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + k)))
+        start += k
+    return out

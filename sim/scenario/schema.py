@@ -1,0 +1,1047 @@
+"""The scenario as typed, strict pydantic models: one class per section, cross-field rules included.
+
+Every model forbids unknown keys and uses strict types (a quoted "4" is not an int), so a typo or a
+wrong type is an error, never a silent default. Preset names (GPUs, links, transformer models) are
+expanded while validating, so a validated ``Scenario`` holds only concrete values: dumping it gives the
+resolved form, which validates back to an equal ``Scenario``. Rules raise ``RuleError`` carrying the
+field, the value, the rule and a fix; ``sim.scenario.errors_format`` turns them into one-line messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from sim.hardware.gpu import GPU_ALIASES, GPU_PRESETS, GPUSpec
+from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS, LinkSpec
+from sim.units import DTYPE_BYTES, GiB, KiB, MiB
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+)
+# op → algorithms the engine implements; the first is the default. "ps" = parameter server (rank 0 is the
+# server), "direct" = every rank sends to its peers directly, "chain" = pipelined chain (NCCL's ring for
+# rooted ops), "hierarchical" = intra-node reduce, inter-node all-reduce, intra-node broadcast.
+# Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
+COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "hierarchical", "ps"),
+    "reduce_scatter": ("ring",),
+    "all_gather": ("ring",),
+    "broadcast": ("chain", "binomial", "ps"),
+    "reduce": ("chain", "binomial", "ps"),
+    "all_to_all": ("direct",),
+    "send_recv": ("direct",),
+}
+ALGORITHMS = ("ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct")
+NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+
+
+class RuleError(ValueError):
+    """A broken rule: ``field`` (relative to the model that raised it), the value, the rule and a fix."""
+
+    def __init__(self, field: str | None, value: str, rule: str, fix: str):
+        self.field, self.value, self.rule, self.fix = field, value, rule, fix
+        super().__init__(f"{value} — {rule}; {fix}")
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A short repr of a user value for a one-line message."""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+    """The " did you mean 'x'?" for the closest option (case-insensitive), or ""."""
+    lower = {o.lower(): o for o in options}
+    close = difflib.get_close_matches(str(word).lower(), list(lower), n=1, cutoff=0.6)
+    return f"did you mean {lower[close[0]]!r}? " if close else ""
+
+
+def lookup(kind: str, name: str, names: list[str], aliases: dict[str, str] | None = None) -> str:
+    """The canonical key for preset ``name`` (case-insensitive, aliases allowed) or a RuleError."""
+    table = {n.lower(): n for n in names}
+    table.update({a.lower(): t for a, t in (aliases or {}).items()})
+    key = table.get(name.strip().lower())
+    if key is not None:
+        return key
+    known = ", ".join(names) or "(none installed)"
+    extra = f"; aliases: {', '.join(aliases)}" if aliases else ""
+    hint = did_you_mean(name, list(names) + list(aliases or {}))
+    raise RuleError(
+        None, show(name), f"unknown {kind} preset", f"{hint}use one of {known}{extra}, or an inline mapping"
+    )
+
+
+def gpu_from(value: Any) -> Any:
+    """A GPU preset name → its GPUSpec; anything else passes through to GPUSpec validation."""
+    if isinstance(value, str):
+        return GPU_PRESETS[lookup("GPU", value, list(GPU_PRESETS), GPU_ALIASES)]
+    return value
+
+
+def link_from(value: Any, presets: dict[str, LinkSpec], kind: str) -> Any:
+    """A link preset name → its LinkSpec; anything else passes through to LinkSpec validation."""
+    if isinstance(value, str):
+        return presets[lookup(kind, value, list(presets))]
+    return value
+
+
+def model_presets() -> dict[str, Any]:
+    """MODEL_PRESETS, imported late (the workload package may not be installed yet): empty if absent."""
+    try:
+        from sim.workload.model_presets import MODEL_PRESETS
+    except ImportError:
+        return {}
+    return dict(MODEL_PRESETS)
+
+
+def layer_presets() -> dict[str, Any]:
+    """Layer-list presets (resnet50, …) → a function giving their layers, imported late; empty if absent."""
+    try:
+        from sim.workload import layers as mod
+    except ImportError:
+        return {}
+    names = getattr(mod, "CNN_PRESETS", None) or getattr(mod, "_RESNET_BLOCKS", {})
+    return {name: (lambda n=name: mod.cnn_preset(n)) for name in names}
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """A preset entry (dataclass, pydantic model or mapping) as a plain dict."""
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)  # type: ignore[arg-type]
+    return obj.model_dump() if isinstance(obj, BaseModel) else dict(obj)
+
+
+def _strip_none(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """A copy without the given keys where they are None, so field defaults apply."""
+    return {k: v for k, v in data.items() if not (k in keys and v is None)}
+
+
+class _Strict(BaseModel):
+    """Base for every section: unknown keys are errors, types are strict, values immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True)
+
+
+# ----------------------------------------------------------------------------------------- cluster
+
+
+class Topology(_Strict):
+    """How nodes connect: one non-blocking switch, or a two-level leaf/spine fat tree."""
+
+    kind: Literal["fat-tree", "single-switch"] = Field("fat-tree", description="network shape between nodes")
+    oversubscription: float = Field(
+        1.0, ge=1, description="fat-tree leaf downlink:uplink bandwidth ratio (1 = non-blocking)"
+    )
+    nodes_per_leaf: int = Field(16, ge=1, description="nodes under one leaf switch (fat-tree)")
+
+    @model_validator(mode="after")
+    def _rules(self) -> Topology:
+        if self.kind == "single-switch" and self.oversubscription != 1:
+            raise RuleError(
+                "oversubscription",
+                show(self.oversubscription),
+                "a single switch is non-blocking, oversubscription applies to fat-tree only",
+                "remove oversubscription or use kind: fat-tree",
+            )
+        return self
+
+
+def _stragglers_in(value: Any) -> Any:
+    """Accept {gpu_id: factor} or [{gpu, factor}, ...]; string digit keys (from JSON) become ints."""
+    if isinstance(value, list):
+        out: dict[Any, Any] = {}
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or set(item) != {"gpu", "factor"}:
+                raise RuleError(
+                    str(i),
+                    show(item),
+                    "a straggler list entry is a mapping with gpu and factor",
+                    "write {gpu: 3, factor: 1.5}",
+                )
+            if item["gpu"] in out:
+                raise RuleError(str(i), show(item["gpu"]), "GPU listed twice", "give each GPU once")
+            out[item["gpu"]] = item["factor"]
+        return out
+    if isinstance(value, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
+    return value
+
+
+class Cluster(_Strict):
+    """The hardware: identical nodes of identical GPUs, an intra-node fabric and an inter-node network."""
+
+    nodes: int = Field(ge=1, description="number of nodes")
+    gpus_per_node: int = Field(ge=1, description="GPUs in each node")
+    gpu: GPUSpec = Field(
+        description="GPU preset name (case-insensitive; see sim/hardware/gpu.py) or an inline GPU mapping"
+    )
+    intra_node: LinkSpec = Field(
+        description="intra-node link preset (nvlink2..5, pcie4, pcie5) or inline mapping; "
+        "default: the GPU's nvlink, else pcie4",
+    )
+    inter_node: LinkSpec = Field(
+        INTER_PRESETS["hdr"],
+        description="inter-node link preset (edr, hdr, ndr, xdr) or inline mapping (per NIC)",
+    )
+    nics_per_node: int = Field(ge=1, description="network interfaces per node; default: gpus_per_node")
+    topology: Topology = Field(Topology(), description="network topology, or just its kind as a string")
+    stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _strip_none(data, "intra_node", "inter_node", "nics_per_node", "topology", "stragglers")
+        if "intra_node" not in data:
+            try:
+                gpu = GPUSpec.model_validate(gpu_from(data.get("gpu")))
+            except (ValueError, TypeError):
+                gpu = None  # the gpu field reports its own error
+            data["intra_node"] = (gpu and gpu.nvlink) or "pcie4"
+        if "nics_per_node" not in data and "gpus_per_node" in data:
+            data["nics_per_node"] = data["gpus_per_node"]
+        return data
+
+    @field_validator(
+        "gpu",
+        mode="before",
+        json_schema_input_type=Literal[tuple(GPU_PRESETS) + tuple(GPU_ALIASES)] | GPUSpec,
+    )
+    @classmethod
+    def _gpu(cls, value: Any) -> Any:
+        return gpu_from(value)
+
+    @field_validator(
+        "intra_node", mode="before", json_schema_input_type=Literal[tuple(INTRA_PRESETS)] | LinkSpec
+    )
+    @classmethod
+    def _intra(cls, value: Any) -> Any:
+        return link_from(value, INTRA_PRESETS, "intra-node link")
+
+    @field_validator(
+        "inter_node", mode="before", json_schema_input_type=Literal[tuple(INTER_PRESETS)] | LinkSpec
+    )
+    @classmethod
+    def _inter(cls, value: Any) -> Any:
+        return link_from(value, INTER_PRESETS, "inter-node link")
+
+    @field_validator(
+        "topology",
+        mode="before",
+        json_schema_input_type=Literal["fat-tree", "single-switch"] | Topology,
+    )
+    @classmethod
+    def _topology(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator(
+        "stragglers", mode="before", json_schema_input_type=dict[int, float] | list[dict[str, float]]
+    )
+    @classmethod
+    def _stragglers(cls, value: Any) -> Any:
+        return _stragglers_in(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Cluster:
+        for gpu_id in self.stragglers:
+            if gpu_id >= self.total_gpus:
+                raise RuleError(
+                    "stragglers",
+                    show(gpu_id),
+                    f"GPU ids run from 0 to {self.total_gpus - 1} ({self.nodes}×{self.gpus_per_node} GPUs)",
+                    f"use an id below {self.total_gpus}",
+                )
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+# ------------------------------------------------------------------------------------------- model
+
+
+class SyntheticModel(_Strict):
+    """Identical layers with given times: the seed exercises and schedule studies."""
+
+    kind: Literal["synthetic"] = Field(description="a synthetic model of identical layers")
+    layers: int = Field(ge=1, description="number of layers")
+    forward_ms: float = Field(ge=0, description="forward time of one layer for one micro-batch, ms")
+    backward_ms: float = Field(
+        ge=0, description="backward time of one layer for one micro-batch, ms; default 2×forward_ms"
+    )
+    params_per_layer: int = Field(
+        0, ge=0, description="parameters per layer (gradient bytes for data parallelism)"
+    )
+    activation_bytes: float = Field(
+        0.0, ge=0, description="bytes sent between pipeline stages per micro-batch"
+    )
+    optimizer_ms: float = Field(0.0, ge=0, description="optimizer step time per GPU, ms")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = _strip_none(data, "backward_ms")
+            if "backward_ms" not in data and isinstance(data.get("forward_ms"), int | float):
+                data["backward_ms"] = 2.0 * data["forward_ms"]
+        return data
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers
+
+
+def parse_size(value: Any) -> Any:
+    """ "1GiB", "256MB", "1.5 KB", 4096 → bytes (int); units are bytes (B), decimal (KB) or binary (KiB)."""
+    if not isinstance(value, str):
+        return value
+    units = {
+        "B": 1,
+        "KB": 1e3,
+        "MB": 1e6,
+        "GB": 1e9,
+        "TB": 1e12,
+        "KIB": KiB,
+        "MIB": MiB,
+        "GIB": GiB,
+        "TIB": 1024 * GiB,
+    }
+    text = value.strip().replace("_", "")
+    number = text.rstrip("BbIiKkMmGgTt ")
+    unit = text[len(number) :].strip()
+    try:
+        scale = units[unit.upper()] if unit else 1
+        if unit and not unit.endswith("B"):
+            raise KeyError(unit)
+        size = float(number) * scale
+    except (KeyError, ValueError):
+        raise RuleError(
+            None,
+            show(value),
+            "not a size in bytes",
+            "write an integer or a number with a unit: B, KB, MB, GB, KiB, MiB, GiB",
+        ) from None
+    if not math.isfinite(size):
+        raise RuleError(None, show(value), "not a finite size", "write e.g. 256MB")
+    return round(size)
+
+
+def _sizes_in(value: Any) -> Any:
+    """One size or a list of sizes → a list of byte counts (ints)."""
+    if isinstance(value, list):
+        return [parse_size(v) for v in value]
+    return [parse_size(value)]
+
+
+class CollectiveModel(_Strict):
+    """One collective operation, repeated: for bandwidth and algorithm studies (nccl-tests style)."""
+
+    kind: Literal["collective"] = Field(description="a collective-only workload")
+    op: Literal[COLLECTIVE_OPS] = Field(  # type: ignore[valid-type]
+        description="collective; send_recv = each rank sends to the next (i → i+1 mod ranks), as nccl-tests"
+    )
+    size_bytes: list[Annotated[int, Field(gt=0)]] = Field(
+        min_length=1,
+        description='total buffer size: bytes, "256MB", "1GiB", or a list of them (one run per size)',
+    )
+    algorithm: Literal[ALGORITHMS] = Field(  # type: ignore[valid-type]
+        description="all_reduce: ring|tree|hierarchical|ps; reduce/broadcast: chain|binomial|ps; "
+        "all_gather/reduce_scatter: ring; all_to_all/send_recv: direct. Default: the first"
+    )
+    channels: int | None = Field(
+        None, ge=1, description="parallel channels; null = the engine's NCCL-like default"
+    )
+    ranks: int = Field(ge=2, description="GPUs taking part (ids 0..ranks-1); default: all GPUs")
+    dtype: Literal["fp32", "fp16", "bf16", "fp8"] = Field("bf16", description="element type (reductions)")
+    iterations: int = Field(1, ge=1, description="repetitions of the collective")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = _strip_none(data, "algorithm")
+            if "algorithm" not in data and data.get("op") in COLLECTIVE_ALGORITHMS:
+                data["algorithm"] = COLLECTIVE_ALGORITHMS[data["op"]][0]
+        return data
+
+    @field_validator("size_bytes", mode="before", json_schema_input_type=int | str | list[int | str])
+    @classmethod
+    def _sizes(cls, value: Any) -> Any:
+        return _sizes_in(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> CollectiveModel:
+        allowed = COLLECTIVE_ALGORITHMS[self.op]
+        if self.algorithm not in allowed:
+            raise RuleError(
+                "algorithm",
+                show(self.algorithm),
+                f"{self.op} supports {', '.join(allowed)}",
+                f"use algorithm: {allowed[0]}",
+            )
+        width = DTYPE_BYTES[self.dtype]
+        for size in self.size_bytes:
+            if size % width:
+                raise RuleError(
+                    "size_bytes",
+                    show(size),
+                    f"not a whole number of {self.dtype} elements ({width} bytes each)",
+                    f"use a multiple of {width}, e.g. {size - size % width or width}",
+                )
+        return self
+
+
+class TransformerModel(_Strict):
+    """A decoder-only transformer, by dimensions or by preset name (``preset`` is expanded, ``name`` kept)."""
+
+    kind: Literal["transformer"] = Field(description="a transformer language model")
+    preset: str | None = Field(
+        None,
+        exclude=True,
+        description="start from this MODEL_PRESETS entry; other keys override it (input only)",
+    )
+    name: str | None = Field(None, description="the preset this model came from (a record)")
+    layers: int = Field(ge=1, description="transformer blocks")
+    hidden: int = Field(ge=1, description="model width (d_model)")
+    heads: int = Field(ge=1, description="attention heads")
+    ffn_hidden: int = Field(ge=1, description="MLP width; default 4×hidden")
+    vocab: int = Field(ge=1, description="vocabulary size")
+    seq_len: int = Field(ge=1, description="sequence length, tokens")
+    kv_heads: int = Field(ge=1, description="key/value heads (grouped-query attention); default = heads")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type (swiglu has three weight matrices)")
+    bias: bool = Field(True, description="linear layers have biases (GPT-3: yes; Llama: no)")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
+    position: Literal["learned", "rope"] = Field("learned", description="position embedding")
+    tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _strip_none(data, "ffn_hidden", "kv_heads", "preset", "name")
+        if isinstance(data.get("preset"), str):
+            presets = model_presets()
+            key = lookup("transformer model", data["preset"], list(presets))
+            dims = presets[key]
+            base = {f: getattr(dims, f) for f in _DIM_FIELDS if getattr(dims, f, None) is not None}
+            data = {**base, "name": key, **{k: v for k, v in data.items() if k != "preset"}}
+        if "ffn_hidden" not in data and isinstance(data.get("hidden"), int):
+            data["ffn_hidden"] = 4 * data["hidden"]
+        if "kv_heads" not in data and isinstance(data.get("heads"), int):
+            data["kv_heads"] = data["heads"]
+        return data
+
+    @model_validator(mode="after")
+    def _rules(self) -> TransformerModel:
+        if self.hidden % self.heads:
+            raise RuleError(
+                "hidden",
+                show(self.hidden),
+                f"hidden must be a multiple of heads = {self.heads}",
+                "change hidden or heads",
+            )
+        if self.kv_heads > self.heads or self.heads % self.kv_heads:
+            raise RuleError(
+                "kv_heads",
+                show(self.kv_heads),
+                f"heads = {self.heads} must be a multiple of kv_heads",
+                f"use a divisor of {self.heads}, e.g. kv_heads: {self.heads}",
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers
+
+    def to_dims(self) -> Any:
+        """The workload's ``TransformerDims`` for this model (imported late: schema does not need it)."""
+        from sim.workload.transformer import TransformerDims
+
+        return TransformerDims(**{f: getattr(self, f) for f in _DIM_FIELDS})
+
+
+_DIM_FIELDS = tuple(f for f in TransformerModel.model_fields if f not in ("kind", "preset", "name"))
+
+
+class LayerSpec(_Strict):
+    """One layer of a layer-list model."""
+
+    name: str = Field(description="layer name (shown in traces)")
+    params: int = Field(ge=0, description="parameters")
+    forward_flops: float = Field(ge=0, description="forward FLOPs per sample")
+    activation_bytes: float = Field(
+        ge=0, description="activation bytes kept for backward per sample, counted at 16-bit precision"
+    )
+
+
+class LayersModel(_Strict):
+    """An explicit list of layers (e.g. a CNN), or a named preset list."""
+
+    kind: Literal["layers"] = Field(description="a model given layer by layer")
+    preset: str | None = Field(
+        None, exclude=True, description="start from this LAYER_PRESETS entry (input only)"
+    )
+    name: str | None = Field(None, description="the preset this model came from (a record)")
+    layers: list[LayerSpec] = Field(min_length=1, description="the layers, in order")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = _strip_none(data, "preset", "name")
+            if isinstance(data.get("preset"), str):
+                presets = layer_presets()
+                key = lookup("layer-list model", data["preset"], list(presets))
+                if "layers" in data:
+                    raise RuleError(
+                        "layers", "(given)", "give either preset or layers, not both", "remove one of them"
+                    )
+                layers = [_as_dict(x) for x in presets[key]()]
+                data = {"name": key, **{k: v for k, v in data.items() if k != "preset"}, "layers": layers}
+        return data
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def to_layers(self) -> list[Any]:
+        """The workload's ``GenericLayer`` list for this model (imported late)."""
+        from sim.workload.layers import GenericLayer
+
+        return [GenericLayer(**layer.model_dump()) for layer in self.layers]
+
+
+ModelSpec = Annotated[
+    SyntheticModel | CollectiveModel | TransformerModel | LayersModel, Field(discriminator="kind")
+]
+MODEL_KINDS = ("synthetic", "collective", "transformer", "layers")
+
+
+def model_from(value: Any) -> Any:
+    """A bare string names a transformer preset; mappings pass through to the discriminated union."""
+    if isinstance(value, str):
+        return {"kind": "transformer", "preset": value}
+    return value
+
+
+# ---------------------------------------------------------------------------------------- parallel
+
+
+class Parallel(_Strict):
+    """How the GPUs split the work: data × tensor × pipeline, the pipeline schedule, ZeRO, DDP buckets."""
+
+    data: int = Field(1, ge=1, description="data-parallel replicas")
+    tensor: int = Field(1, ge=1, description="tensor-parallel width (Megatron-style; may span nodes)")
+    pipeline: int = Field(1, ge=1, description="pipeline stages")
+    schedule: Literal[SCHEDULES] = Field("1f1b", description="pipeline schedule")  # type: ignore[valid-type]
+    virtual_stages: int = Field(1, ge=1, description="model chunks per GPU (interleaved-1f1b only)")
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism (a no-op when tensor = 1)"
+    )
+    zero: int = Field(
+        0, ge=0, le=3, description="ZeRO stage: 0 = DDP, 1 optimizer, 2 +gradients, 3 +weights (FSDP)"
+    )
+    bucket_MB: float = Field(25.0, gt=0, description="DDP gradient bucket size, MB")
+    overlap_grad_sync: bool = Field(
+        True, description="overlap the gradient all-reduce with the backward pass"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Parallel:
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise RuleError(
+                "virtual_stages",
+                show(self.virtual_stages),
+                f"model chunks per GPU need the interleaved-1f1b schedule, not {self.schedule}",
+                "use schedule: interleaved-1f1b or virtual_stages: 1",
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+class LossScaling(_Strict):
+    """fp16 loss scaling; overflows (given steps or a probability) skip the step and back off the scale."""
+
+    kind: Literal["none", "static", "dynamic"] = Field("none", description="loss-scaling policy")
+    init_scale: float = Field(65536.0, gt=0, description="initial (or static) scale")
+    growth_factor: float = Field(
+        2.0, gt=1, description="dynamic: scale multiplier after growth_interval clean steps"
+    )
+    backoff_factor: float = Field(0.5, gt=0, lt=1, description="dynamic: scale multiplier after an overflow")
+    growth_interval: int = Field(2000, ge=1, description="dynamic: clean steps before growing the scale")
+    overflow_steps: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="steps (0-based) whose gradients overflow"
+    )
+    overflow_probability: float | None = Field(
+        None, ge=0, le=1, description="chance that a step overflows (seeded)"
+    )
+
+    @field_validator("overflow_steps")
+    @classmethod
+    def _sorted(cls, steps: list[int]) -> list[int]:
+        return sorted(set(steps))
+
+    @model_validator(mode="after")
+    def _rules(self) -> LossScaling:
+        if self.overflow_steps and self.overflow_probability is not None:
+            raise RuleError(
+                "overflow_probability",
+                show(self.overflow_probability),
+                "give overflow_steps or overflow_probability, not both",
+                "remove one of them",
+            )
+        if self.kind == "none" and (self.overflow_steps or self.overflow_probability is not None):
+            raise RuleError(
+                "kind",
+                show(self.kind),
+                "overflows need loss scaling",
+                "use kind: dynamic (or static), or remove the overflows",
+            )
+        return self
+
+
+class Checkpointing(_Strict):
+    """Activation checkpointing: none, selective (attention only) or full in blocks of ``every`` layers."""
+
+    kind: Literal["none", "full", "selective"] = Field("none", description="what to recompute in backward")
+    every: int = Field(
+        1,
+        ge=1,
+        description="full: keep the input of one layer in `every`, recompute the block (1 = every layer)",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Checkpointing:
+        if self.every != 1 and self.kind != "full":
+            raise RuleError(
+                "every",
+                show(self.every),
+                f"`every` applies to full checkpointing, not {self.kind}",
+                "use kind: full",
+            )
+        return self
+
+
+def _checkpointing_in(value: Any) -> Any:
+    """ "full" → {kind: full}; {every: k} → {kind: full, every: k}."""
+    if isinstance(value, str):
+        return {"kind": value}
+    if isinstance(value, dict) and "every" in value and "kind" not in value:
+        return {"kind": "full", **value}
+    return value
+
+
+class Compression(_Strict):
+    """Gradient compression for the data-parallel all-reduce."""
+
+    kind: Literal["topk"] = Field(description="top-k sparsification")
+    ratio: float = Field(gt=0, le=1, description="fraction of gradient elements sent")
+
+
+class Training(_Strict):
+    """The batch, precision and optimizer: what one training step does."""
+
+    global_batch: int = Field(
+        ge=1, description="samples (sequences) per optimizer step, all replicas together"
+    )
+    micro_batch: int = Field(1, ge=1, description="samples per micro-batch per replica")
+    precision: Literal[PRECISIONS] = Field("bf16", description="compute precision")  # type: ignore[valid-type]
+    loss_scaling: LossScaling = Field(LossScaling(), description="none | static | dynamic, or a mapping")
+    checkpointing: Checkpointing = Field(Checkpointing(), description="none | full | selective | {every: k}")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+        "adam", description="optimizer (sets optimizer-state memory)"
+    )
+    gradient_compression: Compression | None = Field(None, description="null, or {kind: topk, ratio}")
+    tokens: float | None = Field(
+        None, gt=0, description="total training tokens (time-to-train); transformer only"
+    )
+    train_steps: int | None = Field(None, gt=0, description="total optimizer steps (time-to-train)")
+
+    @field_validator(
+        "loss_scaling",
+        mode="before",
+        json_schema_input_type=Literal["none", "static", "dynamic"] | LossScaling,
+    )
+    @classmethod
+    def _loss_scaling(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator(
+        "checkpointing",
+        mode="before",
+        json_schema_input_type=Literal["none", "full", "selective"] | Checkpointing,
+    )
+    @classmethod
+    def _checkpointing(cls, value: Any) -> Any:
+        return _checkpointing_in(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Training:
+        if self.tokens is not None and self.train_steps is not None:
+            raise RuleError(
+                "train_steps",
+                show(self.train_steps),
+                "give tokens or train_steps, not both",
+                "remove one of them",
+            )
+        return self
+
+
+class Simulation(_Strict):
+    """How to run: steps to simulate, the random seed, and whether to exploit symmetric ranks."""
+
+    steps: int = Field(1, ge=1, description="training steps (or collective repetitions) to simulate")
+    seed: int = Field(0, description="random seed (stragglers, overflow probability)")
+    symmetry: Literal["auto", "on", "off"] = Field(
+        "auto", description="simulate identical ranks once; off = every GPU"
+    )
+
+    @field_validator("symmetry", mode="before")
+    @classmethod
+    def _yaml11_bools(cls, value: Any) -> Any:
+        """YAML 1.1 readers turn on/off into booleans; take them back."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+# ---------------------------------------------------------------------------------------- scenario
+
+
+class Scenario(_Strict):
+    """A whole scenario: cluster, model, parallel layout, training step and simulation settings."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN, max_length=100, description="scenario name; names the results folder"
+    )
+    description: str = Field("", description="free text")
+    cluster: Cluster = Field(description="the hardware")
+    model: ModelSpec = Field(
+        description="transformer preset name, or a mapping with kind: synthetic|collective|transformer|layers"
+    )
+    parallel: Parallel | None = Field(
+        None, description="parallel layout; required except for collective models"
+    )
+    training: Training | None = Field(
+        None, description="batch, precision, optimizer; required except for collective models"
+    )
+    simulation: Simulation = Field(Simulation(), description="simulation settings")
+    calibration: str | None = Field(
+        None,
+        description="calibration profile JSON; relative to the scenario's folder, then the working directory",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        """A collective's ``ranks`` defaults to all GPUs (known only here, where the cluster is)."""
+        if not isinstance(data, dict):
+            return data
+        model, cluster = data.get("model"), data.get("cluster")
+        if isinstance(model, dict) and model.get("kind") == "collective" and model.get("ranks") is None:
+            if isinstance(cluster, dict) and all(
+                type(cluster.get(k)) is int for k in ("nodes", "gpus_per_node")
+            ):
+                data = {**data, "model": {**model, "ranks": cluster["nodes"] * cluster["gpus_per_node"]}}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise RuleError(
+                None, show(value), "not a usable folder name", "use letters and digits, e.g. my-run"
+            )
+        return value
+
+    @field_validator(
+        "model",
+        mode="before",
+        json_schema_input_type=str | SyntheticModel | CollectiveModel | TransformerModel | LayersModel,
+    )
+    @classmethod
+    def _model(cls, value: Any) -> Any:
+        return model_from(value)
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        base = (info.context or {}).get("base_dir")
+        given = Path(value).expanduser()
+        if given.is_absolute():
+            candidates = [given]
+        else:
+            candidates = ([Path(base) / given] if base is not None else []) + [Path.cwd() / given]
+        for path in candidates:
+            if path.is_file():
+                return str(path.resolve())
+        where = " or ".join(str(p.parent.resolve()) for p in candidates)
+        raise RuleError(
+            None,
+            show(value),
+            f"calibration profile not found (looked in {where})",
+            "fix the path, or remove calibration to use the datasheet roofline",
+        )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Scenario:
+        for rule in SCENARIO_RULES:
+            rule(self)
+        return self
+
+    # -- conveniences for the engine -------------------------------------------------------------
+
+    @property
+    def total_gpus(self) -> int:
+        return self.cluster.total_gpus
+
+    @property
+    def gpu(self) -> GPUSpec:
+        return self.cluster.gpu
+
+    @property
+    def intra_link(self) -> LinkSpec:
+        return self.cluster.intra_node
+
+    @property
+    def inter_link(self) -> LinkSpec:
+        return self.cluster.inter_node
+
+    @property
+    def is_collective(self) -> bool:
+        return self.model.kind == "collective"
+
+    @property
+    def microbatches(self) -> int:
+        """m = global_batch / (data × micro_batch); 0 for collective scenarios without a training section."""
+        if self.training is None or self.parallel is None:
+            return 0
+        return self.training.global_batch // (self.parallel.data * self.training.micro_batch)
+
+    def resolved(self) -> dict[str, Any]:
+        """Presets expanded, defaults filled: validates back to an equal Scenario."""
+        return self.model_dump(mode="python")
+
+
+# ------------------------------------------------------------------------------ cross-section rules
+
+
+def _layout_fix(p: Parallel, n: int) -> str:
+    """One change of a single degree that makes data×tensor×pipeline = n, as a --set."""
+    if n % (p.tensor * p.pipeline) == 0:
+        return f"--set parallel.data={n // (p.tensor * p.pipeline)}"
+    if n % (p.data * p.tensor) == 0:
+        return f"--set parallel.pipeline={n // (p.data * p.tensor)}"
+    if n % (p.data * p.pipeline) == 0:
+        return f"--set parallel.tensor={n // (p.data * p.pipeline)}"
+    return f"data: {n}, tensor: 1, pipeline: 1"
+
+
+def _sections(sc: Scenario) -> None:
+    if sc.is_collective:
+        return
+    examples = {"parallel": f"{{data: {sc.total_gpus}}}", "training": "{global_batch: 8}"}
+    for section, example in examples.items():
+        if getattr(sc, section) is None:
+            raise RuleError(
+                section,
+                "missing",
+                f"a {sc.model.kind} model needs a {section} section",
+                f"add {section}: {example}",
+            )
+
+
+def _layout(sc: Scenario) -> None:
+    p, c = sc.parallel, sc.cluster
+    if p is not None and p.world_size != c.total_gpus:
+        raise RuleError(
+            "parallel",
+            f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}",
+            f"must equal the GPU count nodes×gpus_per_node = {c.nodes}×{c.gpus_per_node} = {c.total_gpus}",
+            f"make the product {c.total_gpus}, e.g. {_layout_fix(p, c.total_gpus)}",
+        )
+
+
+def _stages(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or isinstance(m, CollectiveModel):
+        return
+    chunks = p.pipeline * p.virtual_stages
+    if m.num_layers < chunks:
+        raise RuleError(
+            "model.layers",
+            f"{m.num_layers} layers",
+            f"fewer than pipeline×virtual_stages = {p.pipeline}×{p.virtual_stages} = {chunks} model chunks",
+            f"use pipeline ≤ {max(1, m.num_layers // p.virtual_stages)} (adjusting data) or a deeper model",
+        )
+
+
+def _tensor_problem(m: TransformerModel, t: int, sp: bool, micro_batch: int) -> tuple[str, int, str] | None:
+    """The first transformer dimension that tensor width ``t`` cannot split, or None.
+
+    kv_heads must divide by t too (Megatron splits key/value groups; replicating them is not modelled)."""
+    if m.heads % t:
+        return (
+            "heads",
+            m.heads,
+            f"heads must be divisible by tensor = {t} (each tensor rank holds whole heads)",
+        )
+    if m.kv_heads % t:
+        return (
+            "kv_heads",
+            m.kv_heads,
+            f"kv_heads must be divisible by tensor = {t} (each rank holds whole KV groups)",
+        )
+    if m.ffn_hidden % t:
+        return "ffn_hidden", m.ffn_hidden, f"ffn_hidden must be divisible by tensor = {t}"
+    if sp and t > 1 and (m.seq_len * micro_batch) % t:
+        return (
+            "seq_len",
+            m.seq_len,
+            f"sequence parallelism needs seq_len×micro_batch = {m.seq_len}×{micro_batch} divisible by tensor = {t}",
+        )
+    return None
+
+
+def _tensor(sc: Scenario) -> None:
+    m, p = sc.model, sc.parallel
+    if p is None or not isinstance(m, TransformerModel):
+        return
+    mb = sc.training.micro_batch if sc.training else 1
+    problem = _tensor_problem(m, p.tensor, p.sequence_parallel, mb)
+    if problem:
+        field, value, rule = problem
+        n = sc.total_gpus
+        ok = [
+            t
+            for t in range(1, n + 1)
+            if n % t == 0 and _tensor_problem(m, t, p.sequence_parallel, mb) is None
+        ]
+        origin = f" (from {m.name})" if m.name else ""
+        raise RuleError(
+            f"model.{field}",
+            f"{value}{origin}",
+            rule,
+            f"use parallel.tensor in {ok} and adjust data so data×tensor×pipeline = {n}",
+        )
+
+
+def _batch(sc: Scenario) -> None:
+    p, t = sc.parallel, sc.training
+    if p is None or t is None:
+        return
+    step = p.data * t.micro_batch
+    if t.global_batch % step:
+        low = max(step, t.global_batch // step * step)
+        options = f"{low}" if t.global_batch < step else f"{low} or {low + step}"
+        raise RuleError(
+            "training.global_batch",
+            show(t.global_batch),
+            f"must be a multiple of data×micro_batch = {p.data}×{t.micro_batch} = {step}",
+            f"use global_batch: {options}, or change micro_batch",
+        )
+    m = t.global_batch // step
+    if p.schedule == "interleaved-1f1b" and m % p.pipeline:
+        good = step * p.pipeline * math.ceil(m / p.pipeline)
+        raise RuleError(
+            "training.global_batch",
+            show(t.global_batch),
+            f"interleaved-1f1b needs the micro-batch count m = global_batch/(data×micro_batch) = {m} "
+            f"to be a multiple of pipeline = {p.pipeline}",
+            f"use global_batch: {good}, or schedule: 1f1b",
+        )
+
+
+def _precision(sc: Scenario) -> None:
+    t, gpu = sc.training, sc.gpu
+    if t is None:
+        return
+    try:
+        gpu.peak_flops(t.precision)
+    except KeyError:
+        have = [d for d in PRECISIONS if d in gpu.peak_tflops or (d == "tf32" and "fp32" in gpu.peak_tflops)]
+        fallback = next((d for d in ("bf16", "fp16", "fp32") if d in have), None)
+        others = [g for g, spec in GPU_PRESETS.items() if t.precision in spec.peak_tflops]
+        alternatives = [f"precision: {fallback}"] * (fallback is not None) + [
+            f"cluster.gpu: {g}" for g in others[:1]
+        ]
+        raise RuleError(
+            "training.precision",
+            show(t.precision),
+            f"GPU {gpu.name} does not support {t.precision} (it supports {', '.join(have) or 'nothing'})",
+            f"use {' or '.join(alternatives) or 'a GPU that does'}",
+        ) from None
+
+
+def _tokens(sc: Scenario) -> None:
+    t = sc.training
+    if t is not None and t.tokens is not None and not isinstance(sc.model, TransformerModel):
+        raise RuleError(
+            "training.tokens",
+            show(t.tokens),
+            f"tokens per step need a sequence length, which a {sc.model.kind} model lacks",
+            "use train_steps instead",
+        )
+
+
+def _collective(sc: Scenario) -> None:
+    m, c = sc.model, sc.cluster
+    if not isinstance(m, CollectiveModel):
+        return
+    if m.ranks > c.total_gpus:
+        raise RuleError(
+            "model.ranks",
+            show(m.ranks),
+            f"more ranks than GPUs ({c.nodes}×{c.gpus_per_node} = {c.total_gpus})",
+            f"use ranks ≤ {c.total_gpus} (or null for all), or more nodes",
+        )
+    if m.algorithm == "hierarchical" and m.ranks > c.gpus_per_node and m.ranks % c.gpus_per_node:
+        raise RuleError(
+            "model.ranks",
+            show(m.ranks),
+            f"hierarchical needs whole nodes: ranks must be a multiple of gpus_per_node = {c.gpus_per_node}",
+            f"use ranks: {m.ranks // c.gpus_per_node * c.gpus_per_node}, or another algorithm",
+        )
+
+
+def _symmetry(sc: Scenario) -> None:
+    if sc.simulation.symmetry == "on" and sc.cluster.stragglers:
+        raise RuleError(
+            "simulation.symmetry",
+            "'on'",
+            "stragglers make GPUs differ, so ranks are not symmetric",
+            "use symmetry: auto (or off), or remove cluster.stragglers",
+        )
+
+
+SCENARIO_RULES = (_sections, _layout, _stages, _tensor, _batch, _precision, _tokens, _collective, _symmetry)

@@ -1,0 +1,151 @@
+"""Schedule builders: pure functions (p stages, m micro-batches, …) → per-stage action lists."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from sim.errors import ScenarioError
+
+
+class Action(NamedTuple):
+    kind: str  # "F" | "B" | "W"
+    microbatch: int
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
+
+
+def gpipe(p: int, m: int, stage: int) -> list[Action]:
+    """All forwards, then all backwards (last micro-batch first, as its gradient arrives first)."""
+    return [Action("F", i) for i in range(m)] + [Action("B", i) for i in reversed(range(m))]
+
+
+def one_f_one_b(p: int, m: int, stage: int) -> list[Action]:
+    """PipeDream-Flush / Megatron 1F1B: p-stage-1 warm-up forwards, then one forward one backward,
+    then the remaining backwards. At most p - stage micro-batches are in flight on a stage."""
+    warm = min(p - stage - 1, m)
+    acts = [Action("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        acts.append(Action("F", f))
+        f += 1
+        acts.append(Action("B", b))
+        b += 1
+    acts.extend(Action("B", i) for i in range(b, m))
+    return acts
+
+
+def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Action]:
+    """Megatron's interleaved 1F1B: each device holds v chunks (virtual stages stage, stage+p, …).
+    Micro-batches go through the chunks in groups of p; warm-up (p-stage-1)*2 + (v-1)*p forwards."""
+    if m % p:
+        raise ScenarioError(
+            f"interleaved-1f1b needs micro-batches ({m}) to be a multiple of pipeline stages ({p}); "
+            "change training.global_batch or parallel.pipeline",
+            "training.global_batch",
+        )
+    total = m * v
+
+    def fwd(k: int) -> Action:
+        chunk = (k // p) % v
+        mb = (k // (p * v)) * p + k % p
+        return Action("F", mb, chunk)
+
+    def bwd(k: int) -> Action:
+        chunk = v - 1 - (k // p) % v
+        mb = (k // (p * v)) * p + k % p
+        return Action("B", mb, chunk)
+
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    acts = [fwd(k) for k in range(warm)]
+    f, b = warm, 0
+    while f < total:
+        acts.append(fwd(f))
+        f += 1
+        acts.append(bwd(b))
+        b += 1
+    acts.extend(bwd(k) for k in range(b, total))
+    return acts
+
+
+def zero_bubble_h1(p: int, m: int, stage: int) -> list[Action]:
+    """ZB-H1 (Qi et al. 2023): 1F1B order with backward split into B (input gradients, on the critical
+    path) and W (weight gradients). Stage s defers up to p-s-1 W's and runs them in the drain phase,
+    where 1F1B would idle; memory stays that of 1F1B."""
+    warm = min(p - stage - 1, m)
+    defer = p - stage - 1
+    acts = [Action("F", i) for i in range(warm)]
+    pending: list[int] = []
+    f, b = warm, 0
+    while f < m:
+        acts.append(Action("F", f))
+        f += 1
+        acts.append(Action("B", b))
+        pending.append(b)
+        b += 1
+        while len(pending) > defer:
+            acts.append(Action("W", pending.pop(0)))
+    for i in range(b, m):
+        acts.append(Action("B", i))
+        pending.append(i)
+        if pending and len(pending) > defer:
+            acts.append(Action("W", pending.pop(0)))
+    acts.extend(Action("W", i) for i in pending)
+    return acts
+
+
+def zero_bubble_h2(p: int, m: int, stage: int) -> list[Action]:
+    """ZB-H2-like: more warm-up forwards (up to 2(p-s)-1, holding up to 2p-1 micro-batches) so the
+    warm-up bubble fills too, with W's deferred to the drain."""
+    warm = min(2 * (p - stage) - 1, m)
+    defer = 2 * (p - stage - 1)
+    acts = [Action("F", i) for i in range(warm)]
+    pending: list[int] = []
+    f, b = warm, 0
+    while f < m:
+        acts.append(Action("F", f))
+        f += 1
+        acts.append(Action("B", b))
+        pending.append(b)
+        b += 1
+        while len(pending) > defer:
+            acts.append(Action("W", pending.pop(0)))
+    for i in range(b, m):
+        acts.append(Action("B", i))
+        pending.append(i)
+        if len(pending) > defer:
+            acts.append(Action("W", pending.pop(0)))
+    acts.extend(Action("W", i) for i in pending)
+    return acts
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+SPLIT_BACKWARD = {"zb-h1", "zb-h2"}
+
+
+def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """Per-stage action lists for schedule ``name``."""
+    if name == "gpipe":
+        return [gpipe(p, m, s) for s in range(p)]
+    if name == "1f1b":
+        return [one_f_one_b(p, m, s) for s in range(p)]
+    if name == "interleaved-1f1b":
+        return [interleaved_1f1b(p, m, s, v) for s in range(p)]
+    if name == "zb-h1":
+        return [zero_bubble_h1(p, m, s) for s in range(p)]
+    if name == "zb-h2":
+        return [zero_bubble_h2(p, m, s) for s in range(p)]
+    raise ScenarioError(f"unknown schedule {name!r}; use one of {', '.join(SCHEDULES)}", "parallel.schedule")
+
+
+def max_in_flight(actions: list[Action]) -> int:
+    """Most micro-batch chunks whose forward ran but whose backward did not (activation memory)."""
+    live = peak = 0
+    for a in actions:
+        if a.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif a.kind == "B":
+            live -= 1
+    return peak

@@ -1,0 +1,1 @@
+"""Training-loop behaviour that is independent of timing (loss scaling)."""

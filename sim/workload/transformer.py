@@ -1,0 +1,510 @@
+"""Decoder-only transformer as per-GPU ops, laid out the way Megatron-LM runs it.
+
+One layer for one micro-batch becomes segments: ops on the compute stream, then (optionally) one
+tensor-parallel collective the next segment waits for. Backward is split into the input-gradient part
+(B, with its collectives) and the weight-gradient GEMMs (W), so zero-bubble schedules can move W.
+
+Fusion choices (each Op is priced as one kernel):
+- attention core: FlashAttention-style single ATTENTION op (QK^T, scale, causal mask, softmax, attention
+  dropout, AV). FLOPs 4bs²h/t, causal masking NOT halved (matches reference.md 24bsh² + 4bs²h);
+  backward counted as 2x forward. Bytes are Q, K, V in and O out (plus fp32 log-sum-exp), not s².
+- QKV is one GEMM; SwiGLU gate and up are one GEMM of width 2·ffn/t (Megatron ``linear_fc1``).
+- GEMM biases are folded into the following elementwise op: bias+GeLU, bias+dropout+residual-add
+  (Megatron ``bias_dropout_add_fused``); SwiGLU is one op reading gate and up.
+- Norm backward includes the residual-gradient add. Norm weight gradients come out of that kernel.
+- fp8: GEMMs run in fp8; attention, elementwise ops and TP collectives stay in bf16 (Transformer Engine).
+
+Sequence parallelism (Korthikanti et al. 2022): the norm and dropout regions work on s/t tokens; each
+Megatron all-reduce becomes a reduce-scatter, and each identity-forward/all-reduce-backward ``f`` becomes an
+all-gather forward / reduce-scatter backward. Megatron re-gathers the norm output during backward for the
+weight-gradient GEMMs (overlapped with dgrad); that extra all-gather is not modelled, so SP moves the same
+bytes as plain TP, as the paper states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.errors import ScenarioError
+from sim.units import DTYPE_BYTES
+from sim.workload.ops import ATTENTION, Op, elementwise, gemm
+
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_KINDS = ("learned", "rope")
+CHECKPOINTING_KINDS = ("none", "selective", "full")
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+
+_FP32_BYTES = 4
+_TOKEN_ID_BYTES = 8  # int64 token ids / labels
+_MASK_BYTES = 1  # dropout mask, one byte per element
+# Rough arithmetic per element for memory-bound ops (the cost model prices them by bytes).
+_NORM_FWD_FLOPS_PER_ELEM = 8.0
+_NORM_BWD_FLOPS_PER_ELEM = 16.0
+_ACT_FWD_FLOPS_PER_ELEM = 8.0
+_ACT_BWD_FLOPS_PER_ELEM = 16.0
+
+
+@dataclass(frozen=True)
+class TransformerDims:
+    """Shape of a decoder-only transformer.
+
+    kv_heads: None means multi-head attention (kv_heads = heads); fewer gives GQA/MQA.
+    mlp: "gelu" (two h×ffn matrices) or "swiglu" (three). bias/norm/position/tied_embeddings describe
+    the parameter layout (GPT-3: biases, LayerNorm, learned positions, tied; Llama: none, RMSNorm, RoPE, untied).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None
+    mlp: str = "gelu"
+    bias: bool = True
+    norm: str = "layernorm"
+    position: str = "learned"
+    tied_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ScenarioError(f"must be a positive integer, got {value!r}", field=f"model.{name}")
+        if self.hidden % self.heads:
+            raise ScenarioError(
+                f"hidden {self.hidden} is not divisible by heads {self.heads}; pick heads dividing hidden",
+                field="model.heads",
+            )
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise ScenarioError(
+                f"kv_heads {self.kv_heads} must be >= 1 and divide heads {self.heads}", field="model.kv_heads"
+            )
+        for name, allowed in (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("position", POSITION_KINDS)):
+            if getattr(self, name) not in allowed:
+                raise ScenarioError(
+                    f"{getattr(self, name)!r} is not one of {', '.join(allowed)}", field=f"model.{name}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K (or V) projection output."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Ops run in order on the compute stream, then an optional TP collective the next segment waits for.
+
+    comm_bytes is the full unsharded collective size N (for AG/RS: the gathered size).
+    """
+
+    ops: tuple[Op, ...]
+    comm: str | None = None
+    comm_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """Forward, input-gradient backward (B) and weight-gradient backward (W) of one unit of work."""
+
+    forward: tuple[Segment, ...]
+    backward_input: tuple[Segment, ...]
+    backward_weight: tuple[Op, ...]
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(op.flops for seg in self.forward for op in seg.ops)
+
+    @property
+    def backward_input_flops(self) -> float:
+        return sum(op.flops for seg in self.backward_input for op in seg.ops)
+
+    @property
+    def backward_weight_flops(self) -> float:
+        return sum(op.flops for op in self.backward_weight)
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+
+def _norm_params(d: TransformerDims) -> int:
+    return 2 * d.hidden if d.norm == "layernorm" else d.hidden
+
+
+def _matmul_weights_per_layer(d: TransformerDims) -> int:
+    """Weights that take part in the layer's GEMMs (what drives 2·tokens·weights FLOPs)."""
+    h = d.hidden
+    return h * (h + 2 * d.kv_dim) + h * h + d.mlp_matrices * h * d.ffn_hidden
+
+
+def layer_params(d: TransformerDims) -> int:
+    """Weights + biases + norms of one layer, unsharded (GPT-style MHA, ffn 4h: 12h² + 13h)."""
+    h = d.hidden
+    params = _matmul_weights_per_layer(d) + 2 * _norm_params(d)
+    if d.bias:
+        up_width = 2 * d.ffn_hidden if d.mlp == "swiglu" else d.ffn_hidden
+        params += (h + 2 * d.kv_dim) + h + up_width + h
+    return params
+
+
+def embedding_params(d: TransformerDims) -> int:
+    """Token embedding (V×h) plus learned position embedding (s×h) if any."""
+    params = d.vocab * d.hidden
+    if d.position == "learned":
+        params += d.seq_len * d.hidden
+    return params
+
+
+def model_params(d: TransformerDims, tied_embeddings: bool | None = None) -> int:
+    """Whole model: layers, embeddings, final norm and (untied) output projection.
+
+    tied_embeddings None uses ``d.tied_embeddings``.
+    """
+    tied = d.tied_embeddings if tied_embeddings is None else tied_embeddings
+    params = d.layers * layer_params(d) + embedding_params(d) + _norm_params(d)
+    if not tied:
+        params += d.vocab * d.hidden
+    return params
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _check_parallel(
+    d: TransformerDims, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+) -> None:
+    if micro_batch < 1:
+        raise ScenarioError(f"must be >= 1, got {micro_batch}", field="training.micro_batch")
+    if tp < 1:
+        raise ScenarioError(f"must be >= 1, got {tp}", field="parallel.tp")
+    if dtype not in DTYPE_BYTES:
+        raise ScenarioError(f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}", field="training.dtype")
+    for name, value in (("heads", d.heads), ("kv_heads", d.n_kv_heads), ("ffn_hidden", d.ffn_hidden)):
+        if value % tp:
+            raise ScenarioError(
+                f"model.{name} {value} is not divisible by tp {tp}; choose tp dividing it",
+                field="parallel.tp",
+            )
+    if sequence_parallel and tp > 1 and (d.seq_len * micro_batch) % tp:
+        raise ScenarioError(
+            f"sequence parallelism splits {micro_batch}x{d.seq_len} tokens over tp {tp}, which does not divide",
+            field="parallel.sequence_parallel",
+        )
+
+
+def _act_dtype(dtype: str) -> str:
+    """Precision of activations, attention and elementwise kernels (fp8 keeps them in bf16)."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
+def _collectives(tp: int, sp: bool) -> tuple[str | None, str | None]:
+    """(after a row-parallel block, before a column-parallel block) in the forward pass.
+
+    Megatron ``g`` (all-reduce) after row-parallel and ``f`` (identity) before column-parallel; with SP
+    they become reduce-scatter and all-gather. None where no collective is needed.
+    """
+    if tp == 1:
+        return None, None
+    return (REDUCE_SCATTER, ALL_GATHER) if sp else (ALL_REDUCE, None)
+
+
+def _conjugate(comm: str | None, tp: int) -> str | None:
+    """Backward collective of a forward one: AR<->identity (f/g), AG<->RS."""
+    if tp == 1:
+        return None
+    return {ALL_REDUCE: None, None: ALL_REDUCE, ALL_GATHER: REDUCE_SCATTER, REDUCE_SCATTER: ALL_GATHER}[comm]
+
+
+def _seg(ops: tuple[Op, ...], comm: str | None, comm_bytes: float) -> Segment:
+    return Segment(ops=ops, comm=comm, comm_bytes=comm_bytes if comm else 0.0)
+
+
+def _norm_fwd(name: str, tokens: int, h: int, dtype: str) -> Op:
+    e = DTYPE_BYTES[dtype]
+    moved = 2 * tokens * h * e + 2 * tokens * _FP32_BYTES  # x in, y out, fp32 mean/rstd saved
+    return elementwise(name, moved, dtype, flops=_NORM_FWD_FLOPS_PER_ELEM * tokens * h)
+
+
+def _norm_bwd(name: str, tokens: int, h: int, dtype: str, residual: bool = True) -> Op:
+    e = DTYPE_BYTES[dtype]
+    tensors = 4 if residual else 3  # x, dy in, dx out (+ residual gradient added in)
+    moved = tensors * tokens * h * e + 2 * tokens * _FP32_BYTES
+    return elementwise(name, moved, dtype, flops=_NORM_BWD_FLOPS_PER_ELEM * tokens * h)
+
+
+def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str) -> Op:
+    """bias + dropout + residual add: branch and residual in, sum and mask out."""
+    e = DTYPE_BYTES[dtype]
+    return elementwise(name, tokens * h * (3 * e + _MASK_BYTES), dtype, flops=3.0 * tokens * h)
+
+
+def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str) -> Op:
+    """Gradient and mask in, branch gradient out (the residual path passes the gradient through)."""
+    e = DTYPE_BYTES[dtype]
+    return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h)
+
+
+def _activation_fwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
+    e = DTYPE_BYTES[dtype]
+    tensors = 3 if kind == "swiglu" else 2  # swiglu: gate, up in, out; gelu: in, out
+    return elementwise(
+        f"mlp_{kind}", tensors * tokens * width * e, dtype, flops=_ACT_FWD_FLOPS_PER_ELEM * tokens * width
+    )
+
+
+def _activation_bwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
+    e = DTYPE_BYTES[dtype]
+    tensors = 5 if kind == "swiglu" else 3  # swiglu: dy, gate, up in; dgate, dup out
+    return elementwise(
+        f"mlp_{kind}.bwd", tensors * tokens * width * e, dtype, flops=_ACT_BWD_FLOPS_PER_ELEM * tokens * width
+    )
+
+
+def _attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool) -> Op:
+    """Fused attention core on this GPU's heads: 4bs²h/t FLOPs forward, twice that backward."""
+    s, heads_t = d.seq_len, d.heads // tp
+    e = DTYPE_BYTES[dtype]
+    tokens = b * s
+    q_o = tokens * (d.hidden // tp)  # Q or O elements
+    kv = 2 * tokens * (d.kv_dim // tp)  # K and V elements
+    lse = tokens * heads_t * _FP32_BYTES
+    fwd_flops = 4.0 * b * s * s * d.head_dim * heads_t
+    if backward:  # read Q, K, V, O, dO, LSE; write dQ, dK, dV
+        moved, flops = (2 * (q_o + kv) + 2 * q_o) * e + lse, 2.0 * fwd_flops
+    else:  # read Q, K, V; write O, LSE
+        moved, flops = (2 * q_o + kv) * e + lse, fwd_flops
+    # m, n, k describe one head's score matrix (queries × keys × head_dim), batch the (b × heads) count.
+    return Op(
+        name=name,
+        kind=ATTENTION,
+        flops=flops,
+        bytes=float(moved),
+        dtype=dtype,
+        m=s,
+        n=s,
+        k=d.head_dim,
+        batch=b * heads_t,
+    )
+
+
+def _dgrad(op: Op) -> Op:
+    """Input gradient of Y[m,n] = X[m,k] W[k,n]: dX[m,k] = dY[m,n] W^T[n,k]."""
+    return gemm(f"{op.name}.dgrad", op.m, op.k, op.n, op.dtype)
+
+
+def _wgrad(op: Op) -> Op:
+    """Weight gradient of Y[m,n] = X[m,k] W[k,n]: dW[k,n] = X^T[k,m] dY[m,n]."""
+    return gemm(f"{op.name}.wgrad", op.k, op.n, op.m, op.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- ops
+
+
+def layer_ops(
+    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+) -> LayerOps:
+    """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
+
+    Forward (no SP): [norm1, QKV, attention, out-proj] → AR; [dropout-add1, norm2, MLP up, act, MLP down] → AR;
+    [dropout-add2]. With SP: [norm1] → AG; [QKV, attention, out-proj] → RS; [dropout-add1, norm2] → AG;
+    [MLP up, act, MLP down] → RS; [dropout-add2]. tp = 1 keeps the segments with no collectives.
+    """
+    _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
+    sp = sequence_parallel and tp > 1
+    b, h, t = micro_batch, d.hidden, tp
+    act = _act_dtype(dtype)
+    tokens = b * d.seq_len
+    local = tokens // t if sp else tokens  # tokens seen by norm / dropout regions
+    ffn_t = d.ffn_hidden // t
+    comm_bytes = float(tokens * h * DTYPE_BYTES[act])
+    after_row, before_col = _collectives(t, sp)
+
+    qkv = gemm("qkv", tokens, (h + 2 * d.kv_dim) // t, h, dtype)
+    attn_out = gemm("attn_out", tokens, h, h // t, dtype)
+    up_name = "mlp_gate_up" if d.mlp == "swiglu" else "mlp_up"
+    up = gemm(up_name, tokens, (2 if d.mlp == "swiglu" else 1) * ffn_t, h, dtype)
+    down = gemm("mlp_down", tokens, h, ffn_t, dtype)
+
+    norm1 = _norm_fwd("norm1", local, h, act)
+    core = _attention_op("attention", d, b, t, act, backward=False)
+    add1 = _dropout_add_fwd("attn_dropout_add", local, h, act)
+    norm2 = _norm_fwd("norm2", local, h, act)
+    mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)
+    add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act)
+
+    if sp:
+        forward = (
+            _seg((norm1,), before_col, comm_bytes),
+            _seg((qkv, core, attn_out), after_row, comm_bytes),
+            _seg((add1, norm2), before_col, comm_bytes),
+            _seg((up, mlp_act, down), after_row, comm_bytes),
+            _seg((add2,), None, 0.0),
+        )
+    else:
+        forward = (
+            _seg((norm1, qkv, core, attn_out), after_row, comm_bytes),
+            _seg((add1, norm2, up, mlp_act, down), after_row, comm_bytes),
+            _seg((add2,), None, 0.0),
+        )
+
+    add2_b = _dropout_add_bwd("mlp_dropout_add.bwd", local, h, act)
+    act_b = _activation_bwd(d.mlp, tokens, ffn_t, act)
+    norm2_b = _norm_bwd("norm2.bwd", local, h, act)
+    add1_b = _dropout_add_bwd("attn_dropout_add.bwd", local, h, act)
+    core_b = _attention_op("attention.bwd", d, b, t, act, backward=True)
+    norm1_b = _norm_bwd("norm1.bwd", local, h, act)
+    grad_row = _conjugate(after_row, t)  # AG with SP, identity without
+    grad_col = _conjugate(before_col, t)  # RS with SP, AR without
+    mlp_grads = (_dgrad(down), act_b, _dgrad(up))
+    attn_grads = (_dgrad(attn_out), core_b, _dgrad(qkv))
+    if sp:
+        backward_input = (
+            _seg((add2_b,), grad_row, comm_bytes),
+            _seg(mlp_grads, grad_col, comm_bytes),
+            _seg((norm2_b, add1_b), grad_row, comm_bytes),
+            _seg(attn_grads, grad_col, comm_bytes),
+            _seg((norm1_b,), None, 0.0),
+        )
+    else:
+        backward_input = (
+            _seg((add2_b, *mlp_grads), grad_col, comm_bytes),
+            _seg((norm2_b, add1_b, *attn_grads), grad_col, comm_bytes),
+            _seg((norm1_b,), None, 0.0),
+        )
+    backward_weight = (_wgrad(down), _wgrad(up), _wgrad(attn_out), _wgrad(qkv))
+    return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
+
+
+def embedding_ops(
+    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+) -> LayerOps:
+    """Vocab-parallel token lookup (+ learned positions, dropout); its partial rows are summed over TP.
+
+    Forward: [lookup] → AR (RS with SP); [position add + dropout]. Backward: [dropout bwd] → AG with SP;
+    W: scatter-add of the output gradient into this GPU's vocabulary shard (and position table).
+    """
+    _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
+    sp = sequence_parallel and tp > 1
+    h, t = d.hidden, tp
+    act = _act_dtype(dtype)
+    e = DTYPE_BYTES[act]
+    tokens = micro_batch * d.seq_len
+    local = tokens // t if sp else tokens
+    comm_bytes = float(tokens * h * e)
+    after_row, _ = _collectives(t, sp)
+    learned = d.position == "learned"
+
+    lookup = elementwise("embedding_lookup", tokens * _TOKEN_ID_BYTES + 2 * tokens * h * e, act)
+    dropout = elementwise(
+        "embedding_dropout", local * h * ((3 if learned else 2) * e + _MASK_BYTES), act, flops=2.0 * local * h
+    )
+    dropout_b = _dropout_add_bwd("embedding_dropout.bwd", local, h, act)
+    # Read the gradient, read-modify-write the touched rows.
+    wgrad_bytes = 3 * tokens * h * e + (3 * local * h * e if learned else 0)
+    wgrad = elementwise("embedding.wgrad", wgrad_bytes, act, flops=float(tokens * h))
+    return LayerOps(
+        forward=(_seg((lookup,), after_row, comm_bytes), _seg((dropout,), None, 0.0)),
+        backward_input=(_seg((dropout_b,), _conjugate(after_row, t), comm_bytes),),
+        backward_weight=(wgrad,),
+    )
+
+
+def head_ops(
+    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+) -> LayerOps:
+    """Final norm, vocab-parallel logits GEMM (2bshV/t) and vocab-parallel cross-entropy.
+
+    Cross-entropy (Megatron ``vocab_parallel_cross_entropy``) needs three all-reduces of b·s fp32 values:
+    the max logit, the target logit and the sum of exponentials. The vocabulary is padded to a multiple
+    of tp (ceil(V/t) columns per GPU).
+    """
+    _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
+    sp = sequence_parallel and tp > 1
+    h, t = d.hidden, tp
+    act = _act_dtype(dtype)
+    e = DTYPE_BYTES[act]
+    tokens = micro_batch * d.seq_len
+    local = tokens // t if sp else tokens
+    v_t = math.ceil(d.vocab / t)
+    comm_bytes = float(tokens * h * e)
+    small = float(tokens * _FP32_BYTES)
+    small_comm = ALL_REDUCE if t > 1 else None
+    _, before_col = _collectives(t, sp)
+
+    norm = _norm_fwd("final_norm", local, h, act)
+    logits = gemm("logits", tokens, v_t, h, dtype)
+    ce_max = elementwise("ce_max", tokens * v_t * e + tokens * _FP32_BYTES, act, flops=float(tokens * v_t))
+    ce_target = elementwise("ce_target", tokens * (_TOKEN_ID_BYTES + e + _FP32_BYTES), act)
+    # Subtract max, exponentiate, sum; keep fp32 softmax for backward.
+    ce_sum_exp = elementwise("ce_sum_exp", tokens * v_t * (e + _FP32_BYTES), act, flops=4.0 * tokens * v_t)
+    ce_loss = elementwise("ce_loss", 4 * tokens * _FP32_BYTES, act, flops=4.0 * tokens)
+    ce = (
+        _seg((ce_target,), small_comm, small),
+        _seg((ce_sum_exp,), small_comm, small),
+        _seg((ce_loss,), None, 0.0),
+    )
+    if sp:
+        forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, ce_max), small_comm, small), *ce)
+    else:
+        forward = (_seg((norm, logits, ce_max), small_comm, small), *ce)
+
+    ce_b = elementwise("ce.bwd", tokens * v_t * (_FP32_BYTES + e), act, flops=2.0 * tokens * v_t)
+    norm_b = _norm_bwd("final_norm.bwd", local, h, act, residual=False)
+    backward_input = (
+        _seg((ce_b, _dgrad(logits)), _conjugate(before_col, t), comm_bytes),
+        _seg((norm_b,), None, 0.0),
+    )
+    return LayerOps(forward=forward, backward_input=backward_input, backward_weight=(_wgrad(logits),))
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+
+
+def _layer_forward_flops_per_sequence(d: TransformerDims) -> float:
+    s = d.seq_len
+    return 2.0 * s * _matmul_weights_per_layer(d) + 4.0 * s * s * d.hidden
+
+
+def model_flops_per_iteration(d: TransformerDims, global_batch: int) -> float:
+    """Model FLOPs of one iteration: 3 × (layer GEMMs + attention + logits) forward FLOPs.
+
+    For GPT-style dims (MHA, gelu, ffn = 4h) this is exactly Korthikanti et al.'s
+    72·B·L·s·h²(1 + s/(6h) + V/(12hL)); GQA and SwiGLU change the GEMM weight count accordingly.
+    """
+    per_sequence = d.layers * _layer_forward_flops_per_sequence(d) + 2.0 * d.seq_len * d.hidden * d.vocab
+    return 3.0 * global_batch * per_sequence
+
+
+def hardware_flops_per_iteration(d: TransformerDims, global_batch: int, checkpointing: str = "none") -> float:
+    """Model FLOPs plus recomputation: full re-runs every layer's forward (not the logits), selective
+    re-runs the attention core forward (Korthikanti: full gives 96·B·L·s·h²(1 + s/(6h) + V/(16hL)))."""
+    if checkpointing not in CHECKPOINTING_KINDS:
+        raise ScenarioError(
+            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING_KINDS)}",
+            field="training.checkpointing",
+        )
+    flops = model_flops_per_iteration(d, global_batch)
+    s = d.seq_len
+    if checkpointing == "full":
+        flops += global_batch * d.layers * _layer_forward_flops_per_sequence(d)
+    elif checkpointing == "selective":
+        flops += global_batch * d.layers * 4.0 * s * s * d.hidden
+    return flops

@@ -164,6 +164,14 @@ def _optimizer_block(cost: CostModel, scenario, params_per_gpu: float) -> tuple[
     return opt_block, unscale
 
 
+def _single_gpu_optimizer_s(cost: CostModel, scenario, params: float) -> float:
+    """One optimizer step over all parameters on one GPU (the T_1 reference job)."""
+    tr = scenario.training
+    mixed = tr.precision not in ("fp32", "tf32")
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
+    return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
+
+
 # ---- synthetic ------------------------------------------------------------------------------------
 def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
     m, par, tr = scenario.model, scenario.parallel, scenario.training
@@ -185,7 +193,8 @@ def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline)
     static = [d["weights"] + d["gradients"] + d["optimizer"] for d in info.memory_by_stage]
     opt = Block("optimizer step", m.optimizer_ms / 1e3)
-    info.single_gpu_time_s = scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms) / 1e3
+    info.single_gpu_time_s = (scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms)
+                              + m.optimizer_ms) / 1e3
     return _common(scenario, chunks, static, opt, None, max(params_by_stage) * e, None, info), info
 
 
@@ -277,9 +286,13 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
     opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
     one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype)
-    per_mb = (sum(cost.op_time_s(op) for seg in one.forward + one.backward_input for op in seg.ops)
+    fwd1 = sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops)
+    rec1 = {"full": fwd1, "selective": sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops
+                                           if op.kind == ATTENTION)}.get(ck.kind, 0.0)
+    per_mb = (fwd1 + rec1 + sum(cost.op_time_s(op) for seg in one.backward_input for op in seg.ops)
               + sum(cost.op_time_s(op) for op in one.backward_weight)) * m.layers
-    info.single_gpu_time_s = per_mb * scenario.microbatches * par.data
+    info.single_gpu_time_s = per_mb * scenario.microbatches * par.data + _single_gpu_optimizer_s(
+        cost, scenario, info.params_total)
     return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info
 
 
@@ -295,6 +308,7 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     chunks = []
     single = 0.0
     ck = tr.checkpointing
+    every = ck.every if ck.kind == "full" else 1
     for ids in parts:
         works = []
         for i in ids:
@@ -303,11 +317,12 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             fwd = _op_block(cost, "fwd", [op for s in lo.forward for op in s.ops])
             bwd = _op_block(cost, "dgrad", [op for s in lo.backward_input for op in s.ops])
             wgt = _op_block(cost, "wgrad", lo.backward_weight)
-            single += sum(x.dur_s for x in fwd + bwd + wgt)
-            act = sp_.activation_bytes * b
-            works.append(LayerWork(sp_.name, fwd, bwd, wgt, fwd if ck.kind == "full" else (),
-                                   grad_bytes=sp_.params * gbytes, param_bytes=sp_.params * ebytes,
-                                   activation_bytes=act / (len(ids)) if ck.kind == "full" else act))
+            recompute = fwd if ck.kind == "full" else ()
+            single += sum(x.dur_s for x in fwd + bwd + wgt + recompute)
+            # Full checkpointing keeps one layer input in `every` (the seeds' C · M_layer).
+            kept = sp_.activation_bytes * b / every
+            works.append(LayerWork(sp_.name, fwd, bwd, wgt, recompute, grad_bytes=sp_.params * gbytes,
+                                   param_bytes=sp_.params * ebytes, activation_bytes=kept))
         last = specs[ids[-1]] if ids else None
         chunks.append(ChunkWork(tuple(works), send_bytes=(last.activation_bytes * b if last else 0.0)
                                 if par.pipeline > 1 else 0.0))
@@ -319,14 +334,18 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         params_by_stage.append(sum(specs[i].params for i in ids))
         inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
                                               virtual_stages=par.virtual_stages)
-        act_by_stage.append(inflight * sum(chunks_act.activation_bytes for c in range(par.virtual_stages)
-                                           for chunks_act in chunks[c * par.pipeline + s].layers))
+        kept = sum(lw.activation_bytes for c in range(par.virtual_stages) for lw in chunks[c * par.pipeline + s].layers)
+        # While one checkpointed segment is recomputed its `every` layers' activations are live again.
+        workspace = every * max((specs[i].activation_bytes * b for i in ids), default=0.0) if ck.kind == "full" else 0.0
+        act_by_stage.append(inflight * kept + workspace)
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage,
                                             [2 * par.bucket_MB * MB] * par.pipeline)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
-    info.single_gpu_time_s = single * scenario.microbatches * par.data
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (
         sum(x.forward_flops for x in specs) * tr.global_batch if ck.kind == "full" else 0.0)
+    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
+    info.single_gpu_time_s = single * scenario.microbatches * par.data + _single_gpu_optimizer_s(
+        cost, scenario, info.params_total)
     opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
     return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info

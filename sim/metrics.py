@@ -65,9 +65,12 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, n
     # Per GPU, over the whole run, per step.
     by = spans_by_gpu(timeline)
     per_gpu = {g: gpu_breakdown(by.get(g, []), 0.0, t_end) for g in timeline.gpus}
-    compute = max(v["compute_s"] for v in per_gpu.values()) / steps
-    exposed = max(v["exposed_comm_s"] for v in per_gpu.values()) / steps
-    comm_total = max(v["comm_s"] for v in per_gpu.values()) / steps
+    # The bottleneck GPU (most compute) speaks for the step: its exposed communication is what it
+    # really waits for; others may also "wait in a collective" for it (e.g. behind a straggler).
+    crit = max(per_gpu, key=lambda g: (per_gpu[g]["compute_s"], -g))
+    compute = per_gpu[crit]["compute_s"] / steps
+    exposed = per_gpu[crit]["exposed_comm_s"] / steps
+    comm_total = per_gpu[crit]["comm_s"] / steps
     idle_fracs = [v["idle_s"] / t_end for v in per_gpu.values()]
     util = [v["compute_s"] / t_end for v in per_gpu.values()]
     samples_per_s = global_batch / step_time

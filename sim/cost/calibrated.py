@@ -40,7 +40,9 @@ class CalibratedCostModel:
         self.profile = load_profile(profile_path)
         self.fallback = fallback
         fits = self.profile["fits"]
-        self._gemm = {dtype: ShapeTable(t["points"], t["min_time_s"]) for dtype, t in fits.get("gemm", {}).items()}
+        self._gemm = {
+            dtype: ShapeTable(t["points"], t["min_time_s"]) for dtype, t in fits.get("gemm", {}).items()
+        }
         self._mem = BandwidthCurve(fits["memory"]["kernels"]) if fits.get("memory") else None
         self._links = [
             f for f in fits.get("collectives", []) if f["op"] in LINK_SOURCE_OPS and f.get("bandwidth_Bps")

@@ -1,4 +1,4 @@
-"""Scenario files: typed strict schema (``schema``), safe loading with overrides and one-line errors (``load``)."""
+"""Scenario files: the typed strict schema (``schema``); safe loading, overrides, one-line errors."""
 
 from sim.scenario.load import (
     apply_overrides,

@@ -107,6 +107,8 @@ def _rule_fix(err: dict[str, Any], path: list[Any], ann: Any, parent: Any) -> tu
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     last = str(path[-1]) if path else "value"
     where = dotted(path[:-1]) or "the top level"
+    if "[key]" in err["loc"]:
+        return show(value), "keys here are GPU ids (whole numbers)", "write e.g. 3: 1.5"
     if kind == "missing":
         desc = _describe(parent, path[-1] if path else None)
         return "missing", f"required ({desc})" if desc else "required", f"add {last}: … under {where}"
@@ -135,12 +137,15 @@ def _rule_fix(err: dict[str, Any], path: list[Any], ann: Any, parent: Any) -> tu
         )
         return show(value), "must be a whole number", fix
     if kind in ("float_type", "float_parsing", "finite_number"):
-        return show(value), "must be a number", f"write e.g. {last}: 1.5 (or 1.0e9)"
+        return show(value), "must be a finite number", f"write e.g. {last}: 1.5 or {last}: 1.0e+9"
     if kind in ("bool_type", "bool_parsing"):
         return show(value), "must be true or false", f"write {last}: true or {last}: false"
     if kind == "string_type":
         return show(value), "must be a string", "quote it"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
+        desc = _describe(parent, path[-1] if path else None)
+        if "preset" in desc or "|" in desc:  # a name or a mapping: say which names
+            return show(value), "must be a name or a mapping", f"give {desc}"
         keys = allowed_keys(ann)
         hint = f" ({', '.join(keys)})" if keys else ""
         return show(value), "must be a mapping", f"write {last}: followed by indented key: value lines{hint}"

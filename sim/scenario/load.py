@@ -1,4 +1,4 @@
-"""Read a scenario: safe YAML with limits, ``--set`` overrides, validation, one-line errors; and write it back.
+"""Read a scenario (safe YAML with limits, ``--set`` overrides, validation, one-line errors); write it back.
 
 Loading never writes anything (configs are pure). The YAML reader is ``yaml.SafeLoader`` tightened for
 config files: YAML 1.2 booleans (``on``/``off``/``yes``/``no`` stay strings) and exponent floats (``1e9``),
@@ -31,10 +31,11 @@ from sim.scenario.errors_format import (
     unwrap,
 )
 from sim.scenario.schema import (
+    INPUT_DEFAULTED,
+    PRESET_SUPPLIED,
     RuleError,
     Scenario,
-    _checkpointing_in,
-    _stragglers_in,
+    checkpointing_from,
     did_you_mean,
     gpu_from,
     layer_presets,
@@ -42,6 +43,7 @@ from sim.scenario.schema import (
     model_from,
     model_presets,
     show,
+    stragglers_from,
 )
 
 MAX_FILE_BYTES = 1 << 20  # a scenario is a page of YAML; a resolved one with a layer list, a few hundred KB
@@ -152,7 +154,7 @@ _yaml12_resolvers()
 def parse_yaml(text: str, what: str, field: str) -> Any:
     """Parse YAML text with StrictLoader; any failure is a one-line ScenarioError on ``field``."""
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+        return yaml.load(text, Loader=StrictLoader)  # StrictLoader is a SafeLoader
     except _YamlLimit as exc:
         raise one_line(f"{what} — {exc.rule}; {exc.fix}", field) from None
     except yaml.MarkedYAMLError as exc:
@@ -178,7 +180,8 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
             raise one_line(
-                f"{what} — {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a scenario; is this the right file?",
+                f"{what} — {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a scenario; "
+                "is this the right file?",
                 "scenario",
             )
         raw = p.read_bytes()
@@ -190,7 +193,8 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise one_line(
-            f"{what} — not a text file (byte {exc.start} is not UTF-8), not YAML at all; give a YAML scenario file",
+            f"{what} — not a text file (byte {exc.start} is not UTF-8), not YAML at all; "
+            "give a YAML scenario file",
             "scenario",
         ) from None
     data = parse_yaml(text, what, "scenario")
@@ -233,9 +237,9 @@ _EXPANDERS = {
     "cluster.intra_node": lambda v: link_from(v, INTRA_PRESETS, "intra-node link").model_dump(),
     "cluster.inter_node": lambda v: link_from(v, INTER_PRESETS, "inter-node link").model_dump(),
     "cluster.topology": lambda v: {"kind": v},
-    "cluster.stragglers": _stragglers_in,
+    "cluster.stragglers": stragglers_from,
     "training.loss_scaling": lambda v: {"kind": v},
-    "training.checkpointing": _checkpointing_in,
+    "training.checkpointing": checkpointing_from,
 }
 
 
@@ -325,7 +329,7 @@ def _store(node: Any, seg: Any, value: Any, path: list[Any], depth: int) -> None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """A deep copy of ``data`` with every ``--set`` applied in order, and {dotted path: setting} for messages."""
+    """A deep copy of ``data`` with each ``--set`` applied in order; {dotted path: setting} for messages."""
     out = copy.deepcopy(data)
     origins: dict[str, str] = {}
     for text in overrides:
@@ -358,7 +362,7 @@ def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
 
 
 def dump_resolved(scenario: Scenario) -> str:
-    """The resolved scenario as YAML (presets expanded, defaults filled); it loads back to an equal Scenario."""
+    """The resolved scenario as YAML (presets expanded, defaults filled); loads back to an equal Scenario."""
     header = f"# resolved by dtsim {__version__}: presets expanded, defaults filled; loads back unchanged\n"
     return header + yaml.safe_dump(scenario.resolved(), sort_keys=False, allow_unicode=True, width=110)
 
@@ -367,14 +371,35 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema of the input form (preset strings or mappings) for editors; `dtsim schema` prints it."""
     schema = Scenario.model_json_schema(mode="validation")
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    defs = schema["$defs"]
+    for name, fields in INPUT_DEFAULTED.items():
+        defs[name]["required"] = [f for f in defs[name]["required"] if f not in fields]
+    for name, fields in PRESET_SUPPLIED.items():
+        defs[name]["required"] = [f for f in defs[name]["required"] if f not in fields]
+        defs[name]["anyOf"] = [{"required": ["preset"]}, {"required": list(fields)}]
+    # preset names: offered for completion; any string is accepted (names are case-insensitive)
     names = sorted(model_presets())
-    for arm in schema["properties"]["model"].get("anyOf", []):
-        if arm.get("type") == "string" and names:
-            arm["enum"] = names
-            arm["description"] = "transformer preset name"
-    defs = schema.get("$defs", {})
-    for model, presets in (("TransformerModel", names), ("LayersModel", sorted(layer_presets()))):
-        prop = defs.get(model, {}).get("properties", {}).get("preset")
-        if prop is not None and presets:
-            prop["anyOf"] = [{"enum": presets}, {"type": "null"}]
+    model = schema["properties"]["model"]
+    model["anyOf"] = [
+        _names_or_string(names, "transformer preset name") if arm == {"type": "string"} else arm
+        for arm in model["anyOf"]
+    ]
+    for name, presets in (("TransformerModel", names), ("LayersModel", sorted(layer_presets()))):
+        defs[name]["properties"]["preset"]["anyOf"] = [
+            _names_or_string(presets, "preset name"),
+            {"type": "null"},
+        ]
+    cluster = defs["Cluster"]["properties"]
+    for field in ("gpu", "intra_node", "inter_node"):
+        cluster[field]["anyOf"] = [
+            _names_or_string(arm["enum"], "preset name") if "enum" in arm else arm
+            for arm in cluster[field]["anyOf"]
+        ]
     return schema
+
+
+def _names_or_string(names: list[str], what: str) -> dict[str, Any]:
+    """Known names for editors to offer, without rejecting other spellings the loader accepts."""
+    return (
+        {"anyOf": [{"enum": names}, {"type": "string"}], "description": what} if names else {"type": "string"}
+    )

@@ -34,7 +34,7 @@ COLLECTIVE_OPS = (
 )
 # op → algorithms the engine implements; the first is the default. "ps" = parameter server (rank 0 is the
 # server), "direct" = every rank sends to its peers directly, "chain" = pipelined chain (NCCL's ring for
-# rooted ops), "hierarchical" = intra-node reduce, inter-node all-reduce, intra-node broadcast.
+# rooted ops), "hierarchical" = an intra-node phase around an inter-node one (needs whole nodes).
 # Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
 COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "hierarchical", "ps"),
@@ -64,7 +64,7 @@ def show(value: Any, limit: int = 60) -> str:
 
 
 def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
-    """The " did you mean 'x'?" for the closest option (case-insensitive), or ""."""
+    """ "did you mean 'x'? " for the option closest to ``word`` (case-insensitive), or "" if none is close."""
     lower = {o.lower(): o for o in options}
     close = difflib.get_close_matches(str(word).lower(), list(lower), n=1, cutoff=0.6)
     return f"did you mean {lower[close[0]]!r}? " if close else ""
@@ -133,7 +133,9 @@ def _strip_none(data: dict[str, Any], *keys: str) -> dict[str, Any]:
 class _Strict(BaseModel):
     """Base for every section: unknown keys are errors, types are strict, values immutable."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False
+    )
 
 
 # ----------------------------------------------------------------------------------------- cluster
@@ -160,7 +162,7 @@ class Topology(_Strict):
         return self
 
 
-def _stragglers_in(value: Any) -> Any:
+def stragglers_from(value: Any) -> Any:
     """Accept {gpu_id: factor} or [{gpu, factor}, ...]; string digit keys (from JSON) become ints."""
     if isinstance(value, list):
         out: dict[Any, Any] = {}
@@ -198,7 +200,10 @@ class Cluster(_Strict):
         description="inter-node link preset (edr, hdr, ndr, xdr) or inline mapping (per NIC)",
     )
     nics_per_node: int = Field(ge=1, description="network interfaces per node; default: gpus_per_node")
-    topology: Topology = Field(Topology(), description="network topology, or just its kind as a string")
+    topology: Topology = Field(
+        Topology(),
+        description="fat-tree | single-switch, or a mapping {kind, oversubscription, nodes_per_leaf}",
+    )
     stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1)]] = Field(
         default_factory=dict,
         description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
@@ -257,7 +262,7 @@ class Cluster(_Strict):
     )
     @classmethod
     def _stragglers(cls, value: Any) -> Any:
-        return _stragglers_in(value)
+        return stragglers_from(value)
 
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
@@ -540,6 +545,20 @@ ModelSpec = Annotated[
 ]
 MODEL_KINDS = ("synthetic", "collective", "transformer", "layers")
 
+# Fields required in a validated Scenario but optional in the file (filled from other fields or a preset);
+# the JSON Schema of the input form leaves them out of "required".
+INPUT_DEFAULTED = {
+    "Cluster": ("intra_node", "nics_per_node"),
+    "SyntheticModel": ("backward_ms",),
+    "TransformerModel": ("ffn_hidden", "kv_heads"),
+    "CollectiveModel": ("algorithm", "ranks"),
+}
+# Fields a `preset:` key supplies: required only when there is no preset.
+PRESET_SUPPLIED = {
+    "TransformerModel": ("layers", "hidden", "heads", "vocab", "seq_len"),
+    "LayersModel": ("layers",),
+}
+
 
 def model_from(value: Any) -> Any:
     """A bare string names a transformer preset; mappings pass through to the discriminated union."""
@@ -652,7 +671,7 @@ class Checkpointing(_Strict):
         return self
 
 
-def _checkpointing_in(value: Any) -> Any:
+def checkpointing_from(value: Any) -> Any:
     """ "full" → {kind: full}; {every: k} → {kind: full, every: k}."""
     if isinstance(value, str):
         return {"kind": value}
@@ -675,7 +694,7 @@ class Training(_Strict):
         ge=1, description="samples (sequences) per optimizer step, all replicas together"
     )
     micro_batch: int = Field(1, ge=1, description="samples per micro-batch per replica")
-    precision: Literal[PRECISIONS] = Field("bf16", description="compute precision")  # type: ignore[valid-type]
+    precision: Literal[PRECISIONS] = Field("bf16", description="compute dtype")  # type: ignore[valid-type]
     loss_scaling: LossScaling = Field(LossScaling(), description="none | static | dynamic, or a mapping")
     checkpointing: Checkpointing = Field(Checkpointing(), description="none | full | selective | {every: k}")
     optimizer: Literal["adam", "adamw", "sgd"] = Field(
@@ -703,7 +722,7 @@ class Training(_Strict):
     )
     @classmethod
     def _checkpointing(cls, value: Any) -> Any:
-        return _checkpointing_in(value)
+        return checkpointing_from(value)
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
@@ -928,7 +947,8 @@ def _tensor_problem(m: TransformerModel, t: int, sp: bool, micro_batch: int) -> 
         return (
             "seq_len",
             m.seq_len,
-            f"sequence parallelism needs seq_len×micro_batch = {m.seq_len}×{micro_batch} divisible by tensor = {t}",
+            f"sequence parallelism needs seq_len×micro_batch = {m.seq_len}×{micro_batch} "
+            f"divisible by tensor = {t}",
         )
     return None
 

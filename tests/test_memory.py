@@ -1,0 +1,190 @@
+"""Memory model against ZeRO's figures, Korthikanti et al.'s Table 2 and the seeds' checkpoint numericals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.errors import ScenarioError
+from sim.memory import (
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    activation_bytes_per_stage,
+    fits,
+    in_flight_microbatches,
+    model_state_bytes,
+    suggest_fixes,
+)
+
+GB = 1e9
+MB = 1e6
+
+
+def _total(states: dict[str, float]) -> float:
+    return states["weights"] + states["gradients"] + states["optimizer"]
+
+
+# --------------------------------------------------------------------------------------- model states
+
+
+@pytest.mark.parametrize(("stage", "expected_gb"), [(0, 120.0), (1, 31.40625), (2, 16.640625), (3, 1.875)])
+def test_zero_paper_7_5b_on_64_gpus(stage, expected_gb):
+    # ZeRO paper Figure 1: Ψ = 7.5B, N_d = 64, K = 12 → 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    states = model_state_bytes(7.5e9, zero_stage=stage, dp=64, precision="bf16")
+    assert _total(states) / GB == pytest.approx(expected_gb, rel=1e-12)
+
+
+def test_mixed_precision_adam_is_16_bytes_per_param():
+    states = model_state_bytes(1.0, zero_stage=0, dp=1, precision="fp16")
+    assert states == {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
+
+
+def test_fp32_adam_has_no_master_copy():
+    assert model_state_bytes(1.0, zero_stage=0, dp=1, precision="fp32") == {
+        "weights": 4.0,
+        "gradients": 4.0,
+        "optimizer": 8.0,
+    }
+
+
+def test_sgd_momentum_keeps_one_state():
+    assert model_state_bytes(1.0, zero_stage=0, dp=1, precision="bf16", optimizer="sgd")["optimizer"] == 8.0
+    assert model_state_bytes(1.0, zero_stage=0, dp=1, precision="fp32", optimizer="sgd")["optimizer"] == 4.0
+
+
+def test_zero_stages_shard_the_right_states():
+    psi, dp = 1e9, 8
+    s3 = model_state_bytes(psi, zero_stage=3, dp=dp, precision="bf16")
+    assert s3 == pytest.approx(
+        {"weights": 2 * psi / dp, "gradients": 2 * psi / dp, "optimizer": 12 * psi / dp}
+    )
+    s1 = model_state_bytes(psi, zero_stage=1, dp=dp, precision="bf16")
+    assert s1 == pytest.approx({"weights": 2 * psi, "gradients": 2 * psi, "optimizer": 12 * psi / dp})
+
+
+def test_model_state_bad_input():
+    with pytest.raises(ScenarioError):
+        model_state_bytes(1e9, zero_stage=4, dp=8, precision="bf16")
+    with pytest.raises(ScenarioError):
+        model_state_bytes(1e9, zero_stage=1, dp=8, precision="int8")
+    with pytest.raises(ScenarioError):
+        model_state_bytes(1e9, zero_stage=1, dp=8, precision="bf16", optimizer="lion")
+
+
+# ------------------------------------------------------------------------------------------ activations
+
+S, B, H, A = 2048, 1, 12288, 96  # GPT-3 175B shapes
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_korthikanti_table2_no_recompute(t):
+    sbh = S * B * H
+    got = activation_bytes_per_layer(seq=S, micro_batch=B, hidden=H, heads=A, tp=t, checkpointing="none")
+    assert got == pytest.approx(sbh * (10 + 24 / t + 5 * A * S / (H * t)))
+    if t == 1:
+        assert got == pytest.approx(sbh * (34 + 5 * A * S / H))
+
+
+def test_korthikanti_table2_sequence_parallel():
+    t, sbh = 8, S * B * H
+    got = activation_bytes_per_layer(
+        seq=S, micro_batch=B, hidden=H, heads=A, tp=t, sequence_parallel=True, checkpointing="none"
+    )
+    assert got == pytest.approx(sbh * (34 / t + 5 * A * S / (H * t)))
+
+
+def test_korthikanti_table2_selective_and_full():
+    t, sbh = 8, S * B * H
+    kw = {"seq": S, "micro_batch": B, "hidden": H, "heads": A, "tp": t}
+    assert activation_bytes_per_layer(**kw, checkpointing="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert activation_bytes_per_layer(
+        **kw, sequence_parallel=True, checkpointing="selective"
+    ) == pytest.approx(34 * sbh / t)
+    assert activation_bytes_per_layer(**kw, checkpointing="full") == pytest.approx(2 * sbh)
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="full") == pytest.approx(
+        2 * sbh / t
+    )
+
+
+def test_activation_bytes_scale_with_element_size():
+    kw = {"seq": S, "micro_batch": 2, "hidden": H, "heads": A, "tp": 4, "checkpointing": "none"}
+    assert activation_bytes_per_layer(**kw, bytes_per_elem=4) == pytest.approx(
+        2 * activation_bytes_per_layer(**kw, bytes_per_elem=2)
+    )
+
+
+def test_seed_48_layers_20mb():
+    full = activation_bytes_per_stage(48, 20 * MB, checkpointing="none", in_flight_microbatches=1)
+    assert full == pytest.approx(960 * MB)
+    ckpt = activation_bytes_per_stage(
+        48, 20 * MB, checkpointing="full", every_k=6, in_flight_microbatches=1, include_recompute=False
+    )
+    assert ckpt == pytest.approx(160 * MB)  # 8 checkpoints × 20 MB
+    assert full - ckpt == pytest.approx(800 * MB)
+    # The recompute of one 6-layer segment adds its full activations at the backward peak.
+    peak = activation_bytes_per_stage(48, 20 * MB, checkpointing="full", every_k=6, in_flight_microbatches=1)
+    assert peak == pytest.approx(160 * MB + 6 * 20 * MB)
+
+
+def test_seed_60_layers_12mb():
+    full = activation_bytes_per_stage(60, 12 * MB, checkpointing="none", in_flight_microbatches=1)
+    ckpt = activation_bytes_per_stage(
+        60, 12 * MB, checkpointing="full", every_k=6, in_flight_microbatches=1, include_recompute=False
+    )
+    assert (full, ckpt) == (pytest.approx(720 * MB), pytest.approx(120 * MB))
+
+
+def test_full_recompute_stage_keeps_layer_inputs_per_microbatch():
+    layers, per_layer, ckpt_bytes, in_flight = 12, 100 * MB, 6 * MB, 4
+    got = activation_bytes_per_stage(
+        layers, per_layer, checkpointing="full", in_flight_microbatches=in_flight, checkpoint_bytes=ckpt_bytes
+    )
+    assert got == pytest.approx(layers * ckpt_bytes * in_flight + per_layer)
+
+
+def test_selective_stage_is_layers_times_microbatches():
+    assert activation_bytes_per_stage(10, 3 * MB, checkpointing="selective", in_flight_microbatches=5) == (
+        pytest.approx(150 * MB)
+    )
+
+
+# ---------------------------------------------------------------------------------- in-flight schedules
+
+
+def test_in_flight_gpipe_and_1f1b():
+    p, m = 4, 8
+    assert in_flight_microbatches("gpipe", p, m, 0) == m
+    assert [in_flight_microbatches("1f1b", p, m, s) for s in range(p)] == [4, 3, 2, 1]
+    assert in_flight_microbatches("1f1b", p, 2, 0) == 2  # fewer micro-batches than stages
+    assert [in_flight_microbatches("zb-h1", p, m, s) for s in range(p)] == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize(("p", "v"), [(4, 2), (8, 4), (16, 3)])
+def test_in_flight_interleaved_first_stage_megatron(p, v):
+    m = 4 * p
+    assert in_flight_microbatches("interleaved", p, m, 0, virtual_stages=v) == pytest.approx(
+        p * (1 + (p - 1) / (p * v))
+    )
+
+
+def test_in_flight_zero_bubble_h2():
+    p = 4
+    assert in_flight_microbatches("zb-h2", p, 16, 0) == 2 * p - 1
+    assert in_flight_microbatches("zb_h2", p, 16, p - 1) == 1
+    with pytest.raises(ScenarioError):
+        in_flight_microbatches("chimera", p, 16, 0)
+
+
+# ---------------------------------------------------------------------------------------- breakdown
+
+
+def test_breakdown_fits_and_hints():
+    mb = MemoryBreakdown(weights=20 * GB, gradients=20 * GB, optimizer=120 * GB, activations=10 * GB)
+    assert mb.peak == pytest.approx(170 * GB)
+    assert mb.as_dict()["peak"] == pytest.approx(170 * GB)
+    assert fits(70 * GB, 80 * GB) and not fits(mb.peak, 80 * GB)
+    assert not fits(79 * GB, 80 * GB, reserve_fraction=0.05)
+    hints = suggest_fixes(mb, 80 * GB, zero_stage=0, dp=8, checkpointing="none", pp=1, layers=32)
+    assert any("ZeRO-1" in h and "105.0 GB" in h for h in hints)  # 120 GB × 7/8
+    assert any("checkpointing" in h for h in hints)
+    assert any("pipeline parallelism to 3" in h for h in hints)  # 160 GB of states in a 70 GB budget
+    assert suggest_fixes(mb, 200 * GB, zero_stage=0, dp=8, checkpointing="none", pp=1, layers=32) == []

@@ -1,0 +1,177 @@
+"""Training simulations against the seeds' worked numericals and the schedules' closed forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim import analytic as an
+from sim.api import simulate
+from sim.engine.executor import TrainingExecutor
+from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
+from sim.engine.timeline import COMM_DP, COMM_TP
+from sim.errors import SimulationError
+from sim.outputs.writers import summary_json
+from sim.scenario.load import load_scenario, scenario_from_dict
+from sim.schedules.actions import Action
+from tests.helpers import world
+
+SCEN = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def run(name: str, *overrides: str):
+    return simulate(load_scenario(SCEN / f"{name}.yaml", list(overrides)))
+
+
+def test_seed_pipeline_bubble_numerical() -> None:
+    s = run("seed-pipeline").summary
+    assert s["step_time_s"] == pytest.approx(0.110, rel=1e-9)
+    assert s["speedup"] == pytest.approx(8 * 4 / 11, rel=1e-9)  # ≈ 2.91
+    assert round(s["speedup"], 2) == 2.91
+    assert s["pipeline_utilisation"] == pytest.approx(8 / 11, rel=1e-9)  # ≈ 72.7 %
+    assert s["bubble_fraction"] == pytest.approx(3 / 11, rel=1e-9)
+
+
+def test_seed_pipeline_s6_m18() -> None:
+    s = run("seed-pipeline-s6-m18").summary
+    assert s["step_time_s"] == pytest.approx(an.pipeline_time(6, 18, 0.005), rel=1e-9)
+    assert s["step_time_s"] == pytest.approx(0.115, rel=1e-9)
+    assert s["pipeline_utilisation"] == pytest.approx(18 / 23, rel=1e-9)
+
+
+def test_seed_data_parallel_straggler_sets_step_time() -> None:
+    r = run("seed-data-parallel")
+    s = r.summary
+    assert s["global_batch"] == an.global_batch(16, 24) == 384
+    sc = r.scenario
+    link = sc.cluster.intra_node
+    grads = 25_000_000 * 4
+    t_ar = an.ring_all_reduce_time(16, grads, link.latency_s, link.bandwidth_Bps)
+    compute = [0.120 * (1.5 if g == 3 else 1.0) for g in range(16)]
+    assert s["step_time_s"] == pytest.approx(an.dp_step_time(compute, t_ar), rel=1e-9)
+    # Without the straggler every worker finishes at 120 ms.
+    s2 = run("seed-data-parallel", "cluster.stragglers={}").summary
+    assert s2["step_time_s"] == pytest.approx(0.120 + t_ar, rel=1e-9)
+
+
+def test_seed_checkpointing_memory() -> None:
+    """48 layers × 20 MB: 960 MB stored in full, 8 checkpoints ≈ 160 MB (simulated counter track)."""
+    for ck, expect in (("{every: 6}", 160e6), ("none", 960e6)):
+        r = run("seed-checkpointing", f"training.checkpointing={ck}")
+        st = r.summary["memory_by_stage"][0]
+        static = st["weights"] + st["gradients"] + st["optimizer"] + st["buffers"]
+        assert st["simulated_peak"] - static == pytest.approx(expect, rel=1e-9)
+    # Checkpointing trades memory for recompute time.
+    t_ck = run("seed-checkpointing").summary["step_time_s"]
+    t_none = run("seed-checkpointing", "training.checkpointing=none").summary["step_time_s"]
+    assert t_ck > t_none
+
+
+def _uniform_job(p: int, m: int, schedule: str, tf: float, tb: float, v: int = 1) -> TrainingJob:
+    lw = LayerWork("L", (Block("f", tf),), (Block("b", tb),), ())
+    return TrainingJob(dp=1, tp=1, pp=p, virtual_stages=v, microbatches=m, schedule=schedule,
+                       chunks=[ChunkWork((lw,)) for _ in range(p * v)], static_bytes=[0.0] * p)
+
+
+def _bubble(job: TrainingJob) -> tuple[float, TrainingExecutor]:
+    w = world(1, job.pp)
+    ex = TrainingExecutor(w, job, symmetric=False)
+    ex.run()
+    step = ex.step_end_s[-1]
+    busy = job.microbatches * job.virtual_stages * sum(b.dur_s for b in job.chunks[0].layers[0].forward
+                                                       + job.chunks[0].layers[0].backward)
+    return 1 - busy / step, ex
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 4), (8, 32), (2, 3)])
+def test_bubble_matches_closed_form(schedule: str, p: int, m: int) -> None:
+    b, _ = _bubble(_uniform_job(p, m, schedule, 0.01, 0.02))
+    assert b == pytest.approx(an.bubble_fraction(p, m), rel=1e-9)
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaving_reduces_bubble_by_v(v: int) -> None:
+    p, m = 4, 8
+    b, _ = _bubble(_uniform_job(p, m, "interleaved-1f1b", 0.01 / v, 0.02 / v, v))
+    assert b == pytest.approx(an.bubble_fraction(p, m, v), rel=1e-9)
+    assert b < an.bubble_fraction(p, m)
+
+
+def test_in_flight_activations_1f1b_vs_gpipe() -> None:
+    """1F1B's first stage holds at most p micro-batches of activations; GPipe holds all m."""
+    p, m = 4, 12
+    for schedule, expect in (("1f1b", p), ("gpipe", m)):
+        job = _uniform_job(p, m, schedule, 0.01, 0.02)
+        job.chunks = [ChunkWork((LayerWork("L", (Block("f", 0.01),), (Block("b", 0.02),), (),
+                                           activation_bytes=1.0),)) for _ in range(p)]
+        _, ex = _bubble(job)
+        peak0 = max(c.value for c in ex.world.timeline.counters if c.gpu == 0)
+        assert peak0 == expect
+
+
+def test_deadlock_names_waiting_gpus() -> None:
+    job = _uniform_job(2, 2, "1f1b", 0.01, 0.02)
+    w = world(1, 2)
+    ex = TrainingExecutor(w, job, symmetric=False)
+    ex.schedule[0] = [Action("F", 0), Action("B", 0), Action("B", 1)]  # stage 0 never sends mb 1
+    with pytest.raises(SimulationError, match=r"deadlock.*gpu1 waits for activation of F1"):
+        ex.run()
+
+
+TINY = {
+    "name": "tiny-gpt",
+    "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB", "inter_node": "hdr"},
+    "model": {"kind": "transformer", "layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024},
+    "parallel": {"data": 4, "tensor": 2, "pipeline": 2, "schedule": "1f1b"},
+    "training": {"global_batch": 32, "micro_batch": 2, "precision": "bf16"},
+}
+
+
+def _tiny(**over) -> dict:
+    import copy
+
+    d = copy.deepcopy(TINY)
+    for k, v in over.items():
+        sec, key = k.split("__")
+        d.setdefault(sec, {})[key] = v
+    return d
+
+
+def test_symmetric_and_full_simulation_agree() -> None:
+    full = simulate(scenario_from_dict(_tiny(simulation__symmetry="off"))).summary
+    sym = simulate(scenario_from_dict(_tiny(simulation__symmetry="on"))).summary
+    assert sym["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+    assert sym["exposed_comm_s"] == pytest.approx(full["exposed_comm_s"], rel=1e-6)
+
+
+def test_tp_traffic_per_layer_matches_megatron_formula() -> None:
+    """2 all-reduces forward + 2 backward per layer per micro-batch, each of b·s·h 16-bit values."""
+    r = simulate(scenario_from_dict(_tiny(simulation__symmetry="off")))
+    b, s, h = 2, 1024, 1024
+    g0 = [sp for sp in r.timeline.spans if sp.gpu == 0 and sp.category == COMM_TP and " L0 " in sp.name
+          and sp.args.get("microbatch") == 0 and sp.args.get("step") == 0]
+    assert len(g0) == 4
+    assert sum(sp.args["bytes"] for sp in g0) == 4 * b * s * h * 2
+
+
+def test_gradient_sync_overlaps_backward() -> None:
+    over = simulate(scenario_from_dict(_tiny(parallel__overlap_grad_sync=True, parallel__bucket_MB=5))).summary
+    no = simulate(scenario_from_dict(_tiny(parallel__overlap_grad_sync=False))).summary
+    r = simulate(scenario_from_dict(_tiny(parallel__overlap_grad_sync=True, parallel__bucket_MB=5)))
+    dp_spans = [sp for sp in r.timeline.spans if sp.category == COMM_DP and sp.gpu == 0]
+    total_dp = sum(sp.dur_s for sp in dp_spans)
+    assert total_dp > 0
+    assert over["exposed_comm_s"] < no["exposed_comm_s"]
+    assert over["step_time_s"] < no["step_time_s"]
+
+
+def test_same_seed_gives_byte_identical_summary() -> None:
+    a = summary_json(run("seed-data-parallel").summary)
+    b = summary_json(run("seed-data-parallel").summary)
+    assert a == b
+    d = _tiny(training__loss_scaling={"kind": "dynamic", "overflow_probability": 0.3}, simulation__steps=4)
+    x = summary_json(simulate(scenario_from_dict(d)).summary)
+    y = summary_json(simulate(scenario_from_dict(d)).summary)
+    assert x == y

@@ -1,0 +1,122 @@
+"""End to end through the command line: shipped scenarios, result files, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.scenario.load import load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
+
+
+def _header(path: Path) -> tuple[str, list[str]]:
+    expect, sets = "", []
+    for raw in path.read_bytes().splitlines()[:5]:
+        line = raw.decode("utf-8", "replace")
+        if line.startswith("# expect:"):
+            expect = line.split(":", 1)[1].strip()
+        elif line.startswith("# set:"):
+            sets.append(line.split(":", 1)[1].strip())
+    return expect, sets
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_scenario_exits_2_with_one_line(path: Path, capsys, tmp_path) -> None:
+    expect, sets = _header(path)
+    argv = ["run", str(path), "--out", str(tmp_path / "out"), "--no-charts"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert expect[:40] in lines[0] or expect.split("—")[0].strip() in lines[0], (expect, lines[0])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "no/such/file.yaml"], "no such file"),
+    (["run"], "scenario"),
+    (["frobnicate"], "invalid choice"),
+    (["run", "scenarios/seed-pipeline.yaml", "--set", "parallel.pipeline=3"], "data×tensor×pipeline"),
+    (["run", "scenarios/seed-pipeline.yaml", "--set", "training.global_batch=-8"], "global_batch"),
+    (["plot", "no/such/dir"], "not found"),
+])
+def test_bad_command_lines(argv: list[str], needle: str, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_directory_instead_of_file(tmp_path, capsys) -> None:
+    assert main(["run", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_run_writes_results_that_load_back(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "110.000 ms" in table
+    for f in ("summary.json", "timeline.csv", "trace.json", "resolved.yaml", "gantt.png", "pipeline.png",
+              "memory.png"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("step_time_s", "samples_per_s", "global_batch", "num_gpus", "compute_s", "exposed_comm_s",
+                "bubble_fraction", "pipeline_utilisation"):
+        assert key in s
+    trace = json.loads((out / "trace.json").read_text())
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == 32 and {e["pid"] for e in xs} == {0, 1, 2, 3}
+    assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(110_000)  # µs
+    # The resolved scenario loads back to the same scenario.
+    original = load_scenario(ROOT / "scenarios" / "seed-pipeline.yaml")
+    again = scenario_from_dict(yaml.safe_load((out / "resolved.yaml").read_text()))
+    assert again == original
+
+
+def test_json_flag_and_set_override(tmp_path, capsys) -> None:
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--json", "--no-charts", "--out", str(tmp_path),
+                 "--set", "training.global_batch=16"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["step_time_s"] == pytest.approx((16 + 4 - 1) * 0.010)
+
+
+def test_collective_sweep_scenario(tmp_path, capsys) -> None:
+    assert main(["run", "scenarios/nccl-allreduce-8xa100.yaml", "--json", "--no-charts", "--out", str(tmp_path)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert isinstance(s["busbw_GBps"], list) and len(s["busbw_GBps"]) == len(s["collectives"]) > 3
+    assert s["busbw_GBps"] == sorted(s["busbw_GBps"])  # bigger messages amortise latency
+
+
+def test_plot_redraws_run_charts(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(out)]) == 0
+    redraw = tmp_path / "redraw"
+    assert main(["plot", str(out), "--out", str(redraw)]) == 0
+    for f in ("gantt.png", "pipeline.png", "memory.png"):
+        assert (redraw / f).stat().st_size > 1000
+
+
+def test_schema_command(capsys) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "cluster" in schema["properties"]
+
+
+def test_python_dash_m_and_no_traceback_on_bad_input(tmp_path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: x\ncluster: {nodes: 1, gpus_per_node: 4, gpu: A100-80GB, nvlinks: 3}\n")
+    p = subprocess.run([sys.executable, "-m", "sim", "run", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "nvlinks" in p.stderr

@@ -216,6 +216,18 @@ class Network:
         if share[used].max() <= s * (1 + 1e-12):  # one level: every flow gets the same share
             rate[:] = s
             return rate
+        # Fast exact path: give each flow the fair share of its tightest link; that is the max-min
+        # allocation when every flow then has a link on which all flows run at that same share
+        # (the link is full and the flow is among its largest). Otherwise, progressive filling.
+        share_e = share[inv]
+        starts = np.flatnonzero(np.r_[True, flat_flow[1:] != flat_flow[:-1]])
+        r = np.minimum.reduceat(share_e, starts)
+        r_e = r[flat_flow]
+        at_share = r_e >= share_e * (1 - 1e-12)
+        tight = np.bincount(inv[at_share], minlength=u) == cnt
+        ok = np.add.reduceat((tight[inv] & at_share).astype(np.int64), starts) > 0
+        if ok.all():
+            return r
         unfrozen = np.ones(n, dtype=bool)
         active_e = np.ones(len(flat_flow), dtype=bool)
         cap = cap.astype(float, copy=True)

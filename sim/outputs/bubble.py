@@ -30,6 +30,7 @@ from sim.outputs.gantt import (
     draw_spans,
     label_blocks,
     legend_handles,
+    merge_pipeline_blocks,
     representative_gpus,
     stages_of,
 )
@@ -74,6 +75,8 @@ def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
     for span in timeline.spans:
         if span.stream == STREAM_COMPUTE and span.gpu in rep_set:
             compute[span.gpu].append(span)
+    for g in list(compute):
+        compute[g] = merge_pipeline_blocks(compute[g])
     drawn = [s for spans in compute.values() for s in spans]
     t0, t_end = pipeline_window(drawn, timeline.end_s)
     # Bubbles are counted up to the last pipeline block: the optimizer step after it is not a bubble.

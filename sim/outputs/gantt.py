@@ -152,6 +152,22 @@ def draw_spans(
     return {category for category, _ in groups}
 
 
+def merge_pipeline_blocks(spans: list[Span]) -> list[Span]:
+    """Join consecutive compute spans of one action (same category, micro-batch, chunk) into one block,
+    as pipeline diagrams draw them: the gaps inside are the action's own tensor-parallel waits."""
+    out: list[Span] = []
+    for sp in sorted(spans, key=lambda x: x.start_s):
+        key = (sp.category, sp.args.get("microbatch"), sp.args.get("chunk", 0))
+        if out and key[1] is not None:
+            last = out[-1]
+            if (last.category, last.args.get("microbatch"), last.args.get("chunk", 0)) == key:
+                out[-1] = Span(last.gpu, last.stream, last.name, last.category, last.start_s,
+                               sp.end_s - last.start_s, last.args)
+                continue
+        out.append(sp)
+    return out
+
+
 def label_blocks(
     ax: Axes, y: float, spans: list[Span], factor: float, pts_per_unit: float, fontsize: float, chunked: bool
 ) -> int:
@@ -270,7 +286,7 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
     for i, spans in by_row.items():
         categories |= draw_spans(ax, i, spans, factor, pts_per_unit, chunked)
         if block_fs >= MIN_LABEL_PT:
-            label_blocks(ax, i, spans, factor, pts_per_unit, block_fs, chunked)
+            label_blocks(ax, i, merge_pipeline_blocks(spans), factor, pts_per_unit, block_fs, chunked)
 
     idle = Patch(facecolor=style.IDLE_COLOR, edgecolor="#B0B0B0", label="idle")
     handles = legend_handles(categories, chunked, [idle])

@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except ScenarioError as e:
-        print(f"dtsim: error: {str(e).splitlines()[0] if str(e) else e!r}", file=sys.stderr)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"dtsim: error: {msg}", file=sys.stderr)
         return 2
     except SimulationError as e:
         print(f"dtsim: simulation failed: {e}", file=sys.stderr)

@@ -69,10 +69,13 @@ def test_resnet50_matches_torchvision():
 def test_generic_layer_ops():
     layer = GenericLayer(name="block", params=1000, forward_flops=5e6, activation_bytes=4000.0)
     ops = generic_layer_ops(layer, micro_batch=8, dtype="fp32")
-    (fwd,) = ops.forward[0].ops
+    fwd, norm = ops.forward[0].ops
+    act = 8 * 4000 * 4 / 2  # activation_bytes counted at 16-bit
     assert fwd.kind == GEMM and (fwd.m, fwd.n, fwd.k) == (0, 0, 0)
     assert fwd.flops == 8 * 5e6
-    assert fwd.bytes == pytest.approx(1000 * 4 + 8 * 4000 * 4 / 2)  # activation_bytes counted at 16-bit
+    assert fwd.bytes == pytest.approx(1000 * 4 + act)
+    # the fused normalisation + activation reads and writes the activations once more
+    assert norm.kind == "elementwise" and norm.bytes == pytest.approx(2 * act)
     assert ops.backward_input_flops == ops.backward_weight_flops == fwd.flops
     assert all(seg.comm is None for seg in (*ops.forward, *ops.backward_input))
 

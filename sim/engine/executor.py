@@ -5,8 +5,10 @@ data-parallel gradient buckets through a DP stream that overlaps the backward pa
 Symmetry: with ``symmetric=True`` only one GPU per pipeline stage is simulated (data rank 0, tensor
 rank 0); its collectives run with every member of the group arriving together (the others mirror it),
 and peers that share a NIC with it send their mirrored traffic too, so NIC contention stays exact.
-A TP collective whose links no other traffic of the job can touch is simulated once per shape and
-reused (exact for an otherwise idle NVSwitch). With ``symmetric=False`` every GPU runs its own process.
+A collective kind (TP or DP) whose links no other traffic of the job can touch is simulated once per
+shape and its duration reused: exact, since it always runs on otherwise idle links (the 4-byte
+loss-scaling all-reduce is left out of that check). With ``symmetric=False`` every GPU runs its own
+process and every collective is simulated.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class TrainingExecutor:
         self.step_end_s: list[float] = [0.0] * job.steps
         self._streams: dict[tuple[int, str], Stream] = {}
         self._mem: dict[int, float] = {}
-        self._tp_cache: dict[tuple, float] = {}
-        self._tp_cacheable = symmetric and self._tp_links_private()
+        self._cache: dict[tuple, float] = {}
+        self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
         tl = world.timeline
         for g in self.gpus:
@@ -100,23 +102,51 @@ class TrainingExecutor:
         self._mem[g] = self._mem.get(g, 0.0) + delta
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
 
-    def _tp_links_private(self) -> bool:
-        """True when no pipeline or data-parallel traffic can cross the links TP collectives use."""
-        if self.job.tp == 1:
-            return True
+    def _group_links(self, group: list[int]) -> set[int]:
+        """Links a ring over ``group`` may cross (every channel's NIC choice included)."""
         topo = self.world.topology
-        tp_gpus = set()
+        nics = topo.group_nics(group)
+        channels = max((len(v) for v in nics.values()), default=1)
+        links: set[int] = set()
+        for a, b in zip(group, group[1:] + group[:1]):
+            if a == b:
+                continue
+            na, nb = topo.node_of(a), topo.node_of(b)
+            if na == nb:
+                links.update(topo.route(a, b).links)
+            else:
+                for c in range(channels):
+                    links.update(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
+        return links
+
+    def _cacheable_kinds(self) -> set[str]:
+        """Collective kinds whose links no other traffic of the job can touch (symmetric mode only).
+
+        Such a collective always runs on otherwise idle links, so its duration depends only on its
+        shape: simulate it once, then reuse the measured duration (exact, and much faster)."""
+        if not self.symmetric:
+            return set()
+        lay = self.layout
+        users: dict[int, set[tuple]] = {}
+        kinds = {"tp": lay.tp_group, "dp": lay.dp_group}
+
+        def use(links: set[int], owner: tuple) -> None:
+            for link in links:
+                users.setdefault(link, set()).add(owner)
+
         for g in self.gpus:
-            tp_gpus.update(self.layout.tp_group(g))
-        if any(len({topo.node_of(x) for x in self.layout.tp_group(g)}) > 1 for g in self.gpus):
-            return False  # TP crosses nodes: it shares NICs with other traffic
-        for g in tp_gpus:
-            d, t, s = self.layout.coords(g)
-            neighbours = [self.layout.rank(d, t, s2) for s2 in (s - 1, s + 1) if 0 <= s2 < self.job.pp]
-            neighbours += self.layout.dp_group(g)
-            if any(n != g and topo.node_of(n) == topo.node_of(g) for n in neighbours):
-                return False  # pipeline or DP traffic inside the node shares the NVSwitch ports
-        return True
+            _, _, stage = lay.coords(g)
+            for kind, fn in kinds.items():
+                if len(fn(g)) > 1:
+                    use(self._group_links(fn(g)), (kind, tuple(fn(g))))
+            for peer in [g, *self._nic_peers(g)]:
+                for s2 in (stage - 1, stage + 1):
+                    if 0 <= s2 < self.job.pp:
+                        use(set(self.world.topology.route(peer, lay.stage_peer(peer, s2)).links), ("pp", peer))
+                if peer != g and len(lay.dp_group(peer)) > 1:
+                    use(self._group_links(lay.dp_group(peer)), ("dp-mirror", peer))
+        shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
+        return {k for k in kinds if k not in shared}
 
     def _nic_peers(self, g: int) -> list[int]:
         """TP peers of g (same node) that share a NIC with g: their mirrored traffic contends with g's."""
@@ -142,15 +172,15 @@ class TrainingExecutor:
             run = world.collective((kind, tuple(group), op), g, factory, group)
             yield run.join(group.index(g))
             return
-        if kind == "tp" and self._tp_cacheable:
-            key = (op, size_bytes, tuple(group))
-            dur = self._tp_cache.get(key)
+        if kind in self._cacheable:
+            key = (kind, op, size_bytes, tuple(group))
+            dur = self._cache.get(key)
             if dur is not None:
                 yield self.env.timeout(dur)
                 return
             t0 = self.env.now
             yield world.run_collective_alone(factory(), group).join_all()
-            self._tp_cache[key] = self.env.now - t0
+            self._cache[key] = self.env.now - t0
             return
         mine = world.run_collective_alone(factory(), group)
         if kind == "dp":

@@ -34,7 +34,7 @@ COMPARE_PANELS: tuple[tuple[str, str, float, str, bool], ...] = (
 
 
 def _fmt(value: float) -> str:
-    if value == 0:
+    if abs(value) < 1e-9:
         return "0"
     if abs(value) >= 100:
         return f"{value:,.0f}"
@@ -73,8 +73,8 @@ def compare_figure(rows: list[dict]) -> Figure:
             caps = {r.get("gpu_memory_GB") for r in rows if r.get("gpu_memory_GB")}
             for cap in caps:
                 ax.axvline(cap, color=style.CAPACITY_COLOR, linestyle="--", linewidth=1, zorder=3)
-                ax.annotate(f"{cap:.0f} GB", (cap, -0.6), fontsize=7, ha="center", va="top",
-                            color=style.CAPACITY_COLOR, annotation_clip=False)
+            if caps:
+                unit += ", dashed: GPU capacity " + " / ".join(f"{c:.0f}" for c in sorted(caps))
         best = "lower is better" if lower else "higher is better"
         ax.set_title(f"{title}\n({unit}, {best})", fontsize=9)
         ax.grid(axis="x", color="#DDDDDD", zorder=0)

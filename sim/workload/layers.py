@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sim.errors import ScenarioError
 from sim.units import DTYPE_BYTES
-from sim.workload.ops import GEMM, Op
+from sim.workload.ops import GEMM, Op, elementwise
 from sim.workload.transformer import LayerOps, Segment
 
 _REFERENCE_ACT_BYTES = 2  # GenericLayer.activation_bytes is counted at 16-bit precision
@@ -50,9 +50,13 @@ def generic_layer_ops(layer: GenericLayer, *, micro_batch: int, dtype: str) -> L
     def op(suffix: str, moved: float) -> Op:
         return Op(name=f"{layer.name}{suffix}", kind=GEMM, flops=flops, bytes=moved, dtype=dtype)
 
+    # Normalisation + activation (+ residual add) after each conv/linear, fused as cuDNN/XLA do: one more
+    # read and write of the activations forward, and read activation + gradient, write gradient backward.
+    norm_fwd = elementwise(f"{layer.name}.norm_act", 2 * act_bytes, dtype)
+    norm_bwd = elementwise(f"{layer.name}.norm_act.bwd", 3 * act_bytes, dtype)
     return LayerOps(
-        forward=(Segment(ops=(op("", weight_bytes + act_bytes),)),),
-        backward_input=(Segment(ops=(op(".dgrad", weight_bytes + 2 * act_bytes),)),),
+        forward=(Segment(ops=(op("", weight_bytes + act_bytes), norm_fwd)),),
+        backward_input=(Segment(ops=(norm_bwd, op(".dgrad", weight_bytes + 2 * act_bytes))),),
         backward_weight=(op(".wgrad", 2 * weight_bytes + act_bytes),),
     )
 

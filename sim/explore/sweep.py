@@ -1,0 +1,209 @@
+"""``dtsim sweep BASE.yaml --grid KEY=V1,V2 …``: the cartesian product of the grids, simulated in parallel.
+
+Every point is the base scenario with the ``--set`` overrides, then one value per grid key (same syntax as
+``--set``, values parsed as YAML). Points that break a rule (data×tensor×pipeline ≠ GPUs, heads not
+divisible by tensor, …) or do not fit in memory stay in the results, with the reason, instead of being
+dropped.
+
+Keeping the GPU count: when a grid changes ``parallel.tensor``, ``parallel.pipeline`` or the cluster size
+but not ``parallel.data``, the data-parallel degree is recomputed as GPUs / (tensor × pipeline) for each
+point ("fit data", on by default; ``--no-fit-data`` keeps the base value, making such points invalid).
+A data degree given by ``--set`` or a grid is never changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import ScenarioError
+from sim.explore.runner import INVALID, NO_FIT, OK, first_line, run_jobs
+from sim.explore.table import csv_text, setting_row, summary_row, text_table
+from sim.outputs.writers import atomic_write_text
+
+MAX_POINTS = 10_000
+METRIC_COLUMNS = [
+    "num_gpus", "data", "tensor", "pipeline", "schedule", "virtual_stages", "zero", "micro_batch", "microbatches",
+    "checkpointing", "precision", "step_time_s", "samples_per_s", "tokens_per_s", "mfu", "bubble_fraction",
+    "exposed_comm_s", "peak_memory_GB", "gpu_memory_GB", "fits_in_memory", "cost_per_step_usd",
+    "cost_per_1M_tokens_usd", "time_to_train_days", "energy_kWh_per_step",
+]
+
+
+@dataclass
+class Point:
+    """One grid point: its values (raw text per key), the resolved scenario or why it has none."""
+
+    index: int
+    values: dict[str, str]
+    scenario: dict | None = None
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.values.items())
+
+
+def split_values(text: str) -> list[str]:
+    """ "1,2,[a, b],{x: 1}" → ["1", "2", "[a, b]", "{x: 1}"]: commas inside brackets or quotes stay."""
+    out, depth, quote, cur = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return out
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``KEY=V1,V2`` strings → [(key, [raw values])]; a malformed or repeated key is a ScenarioError."""
+    grid: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        values = split_values(raw) if sep else []
+        if not key or not sep or not values or any(v == "" for v in values):
+            raise ScenarioError(f"{item!r} — expected KEY=V1,V2,…; write e.g. --grid parallel.tensor=1,2,4,8",
+                                "--grid")
+        if key in (k for k, _ in grid):
+            raise ScenarioError(f"{key} appears in two --grid options; give all its values in one", "--grid")
+        grid.append((key, values))
+    if not grid:
+        raise ScenarioError("give at least one --grid KEY=V1,V2,…", "--grid")
+    total = 1
+    for _, values in grid:
+        total *= len(values)
+    if total > MAX_POINTS:
+        raise ScenarioError(f"the grid has {total} points, more than {MAX_POINTS}; sweep fewer values", "--grid")
+    return grid
+
+
+def _fit_data(data: dict, fixed_data: bool) -> str | None:
+    """Set parallel.data = GPUs / (tensor × pipeline) in ``data`` (in place); a note, or None if unchanged."""
+    if fixed_data:
+        return None
+    cluster, par = data.get("cluster"), data.get("parallel")
+    if not isinstance(cluster, dict) or not isinstance(par, dict):
+        return None
+    nodes, per = cluster.get("nodes"), cluster.get("gpus_per_node")
+    t, p = par.get("tensor", 1), par.get("pipeline", 1)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (nodes, per, t, p)):
+        return None
+    gpus = nodes * per
+    if gpus % (t * p) or par.get("data", 1) * t * p == gpus:
+        return None
+    par["data"] = gpus // (t * p)
+    return f"data={par['data']} (fit: {gpus} GPUs / (tensor {t} × pipeline {p}))"
+
+
+def expand(base: dict, overrides: list[str], grid: list[tuple[str, list[str]]], *, fit_data: bool = True,
+           base_dir: Path | None = None) -> list[Point]:
+    """Every grid point validated against the schema (invalid ones keep their reason)."""
+    from sim.scenario.load import apply_overrides, scenario_from_dict
+
+    keys = [k for k, _ in grid]
+    data_fixed = "parallel.data" in keys or any(o.partition("=")[0].strip() == "parallel.data" for o in overrides)
+    start, _ = apply_overrides(base, overrides)  # a bad --set is the user's mistake: raise
+    points = []
+    for i, combo in enumerate(itertools.product(*(v for _, v in grid))):
+        pt = Point(i, dict(zip(keys, combo, strict=True)))
+        sets = [f"{k}={v}" for k, v in pt.values.items()]
+        try:
+            data, origins = apply_overrides(start, sets)
+        except ScenarioError as exc:
+            if i == 0:  # an unknown key fails every point: report it as the user's mistake
+                raise
+            pt.reason = first_line(exc)
+            points.append(pt)
+            continue
+        note = _fit_data(data, data_fixed) if fit_data else None
+        if note:
+            pt.notes.append(note)
+        try:
+            pt.scenario = scenario_from_dict(data, base_dir=base_dir, origins=origins).resolved()
+        except ScenarioError as exc:
+            pt.reason = first_line(exc)
+        points.append(pt)
+    return points
+
+
+def sweep(path: str, grid_items: list[str], overrides: list[str] | None = None, *, fit_data: bool = True,
+          workers: int | None = None, executor: str = "local", address: str | None = None,
+          progress: bool = True) -> list[dict]:
+    """Simulate every valid grid point; one row per point (invalid ones too), in grid order."""
+    from sim.scenario.load import read_scenario_file
+
+    grid = parse_grid(grid_items)
+    base = read_scenario_file(path)
+    base_dir = Path(path).expanduser().resolve().parent
+    points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
+    todo = [p for p in points if p.scenario is not None]
+    results = run_jobs([(p.scenario, None) for p in todo], workers=workers, executor=executor, address=address,
+                       progress=progress, desc="sweep")
+    by_index = {p.index: r for p, r in zip(todo, results, strict=True)}
+    rows = []
+    for p in points:
+        row: dict = {"point": p.index, "label": p.label, **p.values}
+        res = by_index.get(p.index, {"status": INVALID, "reason": p.reason})
+        row["status"], row["reason"] = res["status"], res.get("reason", "")
+        row["notes"] = "; ".join(p.notes)
+        if p.scenario is not None:
+            row.update(setting_row(p.scenario))
+        if "summary" in res:
+            row.update(summary_row(res["summary"]))
+        rows.append(row)
+    return rows
+
+
+def sweep_table(rows: list[dict], keys: list[str]) -> str:
+    """One line per point: grid values, layout, step time, tokens/s, MFU, memory, status."""
+    header = [k.rsplit(".", 1)[-1] for k in keys] + ["d×t×p", "step", "tokens/s", "MFU", "peak GB", "status"]
+
+    def num(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if r.get(key) is not None else "—"
+
+    body = []
+    for r in rows:
+        layout = f"{r['data']}×{r['tensor']}×{r['pipeline']}" if r.get("data") is not None else "—"
+        body.append([str(r[k]) for k in keys] + [
+            layout, num(r, "step_time_s", ".4g") + (" s" if r.get("step_time_s") is not None else ""),
+            num(r, "tokens_per_s", ",.0f"), num(r, "mfu", ".1%"), num(r, "peak_memory_GB", ".1f"), r["status"]])
+    n = len(keys)
+    return text_table(header, body, right=set(range(n + 1, n + 5)))
+
+
+def infeasible_lines(rows: list[dict]) -> list[str]:
+    """ "label: reason" for every point that is not OK."""
+    return [f"  {r['label']}: {r['status']}: {r['reason']}" for r in rows if r["status"] != OK]
+
+
+def write_sweep(rows: list[dict], keys: list[str], out_dir: Path, charts: bool = True, title: str = "") -> list[Path]:
+    """sweep.csv (+ sweep.png/.svg) in ``out_dir``."""
+    out_dir = Path(out_dir)
+    columns = ["point", "label", *keys, "status", "reason", "notes", *METRIC_COLUMNS]
+    atomic_write_text(out_dir / "sweep.csv", csv_text(rows, columns))
+    files = [out_dir / "sweep.csv"]
+    if charts:
+        from sim.outputs.compare_chart import plot_sweep
+
+        files += plot_sweep(rows, out_dir / "sweep", title)
+    return files
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    out = {OK: 0, NO_FIT: 0, INVALID: 0}
+    for r in rows:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out

@@ -120,11 +120,15 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
     if gc is not None:
         ratio = gc.ratio
         e = _grad_elem_bytes(tr.precision)
-        k_bytes = grad_bytes_per_gpu * ratio
-        # Top-k: a threshold pass and a select pass over the gradients; decompress scatters dp·k values.
-        compress = _op_block(cost, "topk compress", [elementwise("topk", 2 * grad_bytes_per_gpu + k_bytes * 3, tr.precision)])[0]
+        n = grad_bytes_per_gpu / e  # gradient elements on this GPU
+        k = n * ratio
+        # Top-k by radix select over fp32 magnitudes: 4 passes of 8-bit digits, each reading every
+        # element, then writing k values + indices. Decompress: zero a dense fp32 buffer and
+        # scatter-add the dp·k received pairs.
+        compress = _op_block(cost, "topk compress", [
+            elementwise("topk radix select", 4 * 4 * n + k * (e + 4), "fp32")])[0]
         decompress = _op_block(cost, "topk decompress", [
-            elementwise("scatter", grad_bytes_per_gpu + par.data * k_bytes * (1 + 4 / e), tr.precision)])[0]
+            elementwise("topk scatter-add", 4 * n + par.data * k * (e + 4 + 2 * 4), "fp32")])[0]
     return TrainingJob(
         dp=par.data, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,

@@ -175,3 +175,44 @@ def test_same_seed_gives_byte_identical_summary() -> None:
     x = summary_json(simulate(scenario_from_dict(d)).summary)
     y = summary_json(simulate(scenario_from_dict(d)).summary)
     assert x == y
+
+
+def test_out_of_memory_still_simulates_and_says_how_to_fit() -> None:
+    r = run("llama2-70b-64xh100-ndr", "parallel.zero=0", "parallel.sequence_parallel=false",
+            "parallel.schedule=gpipe", "parallel.virtual_stages=1", "training.global_batch=64")
+    s = r.summary
+    assert s["step_time_s"] > 0
+    assert s["fits_in_memory"] is False
+    assert s["memory_over_bytes"] == pytest.approx(s["memory_bytes"]["peak"] - s["gpu_memory_bytes"])
+    assert s["memory_fixes"]
+    # GPipe keeps all m micro-batches: 1F1B with the same batch needs less activation memory.
+    s1 = run("llama2-70b-64xh100-ndr", "parallel.zero=0", "parallel.sequence_parallel=false",
+             "parallel.schedule=1f1b", "parallel.virtual_stages=1", "training.global_batch=64").summary
+    assert s1["memory_bytes"]["activations"] < s["memory_bytes"]["activations"]
+
+
+def test_full_recompute_hfu_is_four_thirds_of_mfu() -> None:
+    """Full recompute adds one forward pass to the three of forward + backward (logits excepted)."""
+    from sim.workload.transformer import TransformerDims, hardware_flops_per_iteration, model_flops_per_iteration
+
+    s = simulate(scenario_from_dict(_tiny(training__checkpointing="full"))).summary
+    d = TransformerDims(layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024)
+    ratio = hardware_flops_per_iteration(d, 32, "full") / model_flops_per_iteration(d, 32)
+    assert s["hfu"] / s["mfu"] == pytest.approx(ratio, rel=1e-9)
+    assert 1.25 < ratio < 4 / 3
+    none = simulate(scenario_from_dict(_tiny())).summary
+    assert s["step_time_s"] > none["step_time_s"]  # recompute costs time
+    assert s["memory_bytes"]["activations"] < none["memory_bytes"]["activations"]
+
+
+def test_dynamic_loss_scaling_skips_updates_on_overflow() -> None:
+    d = _tiny(training__precision="fp16", simulation__steps=3,
+              training__loss_scaling={"kind": "dynamic", "init_scale": 1024, "overflow_steps": [1]})
+    r = simulate(scenario_from_dict(d))
+    s = r.summary
+    assert [x["scale"] for x in s["loss_scale"]] == [1024, 1024, 512]
+    assert s["skipped_steps"] == 1
+    opt = [sp for sp in r.timeline.spans if sp.gpu == 0 and sp.name.strip() == "optimizer step"]
+    assert sorted(sp.args["step"] for sp in opt) == [0, 2]  # no update in the overflow step
+    times = s["step_times_s"]
+    assert times[1] < times[0]

@@ -62,6 +62,9 @@ class TrainingExecutor:
         self._streams: dict[tuple[int, str], Stream] = {}
         self._mem: dict[int, float] = {}
         self._cache: dict[tuple, float] = {}
+        self._link_cache: dict[tuple, set[int]] = {}
+        self._mirrors: dict[tuple, list] = {}
+        self._binding = self._binding_links() if symmetric else set()
         self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
         tl = world.timeline
@@ -102,22 +105,50 @@ class TrainingExecutor:
         self._mem[g] = self._mem.get(g, 0.0) + delta
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
 
-    def _group_links(self, group: list[int]) -> set[int]:
-        """Links a ring over ``group`` may cross (every channel's NIC choice included)."""
+    def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
+        """Routes a ring over ``group`` may use (every channel's NIC choice included)."""
         topo = self.world.topology
         nics = topo.group_nics(group)
         channels = max((len(v) for v in nics.values()), default=1)
-        links: set[int] = set()
+        routes: list[tuple[int, ...]] = []
         for a, b in zip(group, group[1:] + group[:1]):
             if a == b:
                 continue
             na, nb = topo.node_of(a), topo.node_of(b)
             if na == nb:
-                links.update(topo.route(a, b).links)
+                routes.append(topo.route(a, b).links)
             else:
                 for c in range(channels):
-                    links.update(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
-        return links
+                    routes.append(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
+        return routes
+
+    def _binding_links(self) -> set[int]:
+        """Links that could limit some flow: those whose capacity is below the sum of the top speeds
+        (route bottlenecks) of every flow that could ever cross them. Sharing any other link changes
+        nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine)."""
+        lay, topo = self.layout, self.world.topology
+        cap = topo.capacity_Bps
+        flows: set[tuple] = set()  # (owner, route): each potential flow once
+        for g in self.gpus:
+            stage = lay.coords(g)[2]
+            for x in [g, *self._same_place(g)]:
+                for kind in ("tp", "dp"):
+                    grp = self._group(x, kind)
+                    if len(grp) > 1:
+                        flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
+                for s2 in (stage - 1, stage + 1):
+                    if 0 <= s2 < self.job.pp:
+                        flows.add((("pp", x, s2), topo.route(x, lay.stage_peer(x, s2)).links))
+        demand: dict[int, float] = {}
+        for _, r in flows:
+            top = min(cap[link] for link in r)
+            for link in r:
+                demand[link] = demand.get(link, 0.0) + top
+        return {link for link, d in demand.items() if d > cap[link] * (1 + 1e-9)}
+
+    def _group_links(self, group: list[int]) -> set[int]:
+        """The binding links a ring over ``group`` may cross."""
+        return {link for r in self._group_routes(group) for link in r} & self._binding
 
     def _cacheable_kinds(self) -> set[str]:
         """Collective kinds whose links no other traffic of the job can touch (symmetric mode only).
@@ -128,7 +159,6 @@ class TrainingExecutor:
             return set()
         lay = self.layout
         users: dict[int, set[tuple]] = {}
-        kinds = {"tp": lay.tp_group, "dp": lay.dp_group}
 
         def use(links: set[int], owner: tuple) -> None:
             for link in links:
@@ -136,33 +166,73 @@ class TrainingExecutor:
 
         for g in self.gpus:
             _, _, stage = lay.coords(g)
-            for kind, fn in kinds.items():
-                if len(fn(g)) > 1:
-                    use(self._group_links(fn(g)), (kind, tuple(fn(g))))
-            for peer in [g, *self._nic_peers(g)]:
-                for s2 in (stage - 1, stage + 1):
-                    if 0 <= s2 < self.job.pp:
-                        use(set(self.world.topology.route(peer, lay.stage_peer(peer, s2)).links), ("pp", peer))
-                if peer != g and len(lay.dp_group(peer)) > 1:
-                    use(self._group_links(lay.dp_group(peer)), ("dp-mirror", peer))
+            for kind in ("tp", "dp"):
+                grp = self._group(g, kind)
+                if len(grp) > 1:
+                    use(self._links_of(grp), (kind, tuple(grp)))
+                for m in self._mirror_groups(g, kind):
+                    use(self._links_of(m), (kind, tuple(m)))
+            for s2 in (stage - 1, stage + 1):
+                if 0 <= s2 < self.job.pp:
+                    for a, b in [(g, lay.stage_peer(g, s2)), *self._p2p_mirrors(g, s2)]:
+                        use(set(self.world.topology.route(a, b).links) & self._binding, ("pp", a))
         shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in kinds if k not in shared}
+        return {k for k in ("tp", "dp") if k not in shared}
 
-    def _nic_peers(self, g: int) -> list[int]:
-        """TP peers of g (same node) that share a NIC with g: their mirrored traffic contends with g's."""
-        topo = self.world.topology
-        mine = set(topo.nics_of(g))
-        return [
-            x
-            for x in self.layout.tp_group(g)
-            if x != g and topo.node_of(x) == topo.node_of(g) and mine & set(topo.nics_of(x))
-        ]
+    def _group(self, g: int, kind: str) -> list[int]:
+        lay = self.layout
+        return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
+
+    def _links_of(self, group: list[int]) -> set[int]:
+        key = tuple(group)
+        links = self._link_cache.get(key)
+        if links is None:
+            links = self._link_cache[key] = self._group_links(group)
+        return links
+
+    def _same_place(self, g: int) -> list[int]:
+        """The other GPUs on g's node at g's pipeline stage: in symmetric mode they mirror g."""
+        topo, lay = self.world.topology, self.layout
+        node, stage = topo.node_of(g), lay.coords(g)[2]
+        first = node * topo.gpus_per_node
+        return [x for x in range(first, first + topo.gpus_per_node)
+                if x != g and x < lay.world_size and lay.coords(x)[2] == stage]
+
+    def _mirror_groups(self, g: int, kind: str) -> list[list[int]]:
+        """Groups of g's mirrors whose collectives share links with g's own (symmetric mode): they run
+        the same collective at the same time, so their traffic must be simulated too."""
+        key = (g, kind)
+        out = self._mirrors.get(key)
+        if out is None:
+            mine = self._group(g, kind)
+            out = []
+            if len(mine) > 1:
+                links = self._links_of(mine)
+                seen = {tuple(mine)}
+                for x in self._same_place(g):
+                    grp = self._group(x, kind)
+                    if tuple(grp) not in seen and self._links_of(grp) & links:
+                        seen.add(tuple(grp))
+                        out.append(grp)
+            self._mirrors[key] = out
+        return out
+
+    def _p2p_mirrors(self, g: int, dst_stage: int) -> list[tuple[int, int]]:
+        """Pipeline sends of g's mirrors that share a link with g's own send to ``dst_stage``."""
+        key = (g, "pp", dst_stage)
+        out = self._mirrors.get(key)
+        if out is None:
+            topo, lay = self.world.topology, self.layout
+            links = set(topo.route(g, lay.stage_peer(g, dst_stage)).links) & self._binding
+            out = [(x, lay.stage_peer(x, dst_stage)) for x in self._same_place(g)
+                   if links & set(topo.route(x, lay.stage_peer(x, dst_stage)).links)]
+            self._mirrors[key] = out
+        return out
 
     # ---- collectives -----------------------------------------------------------------------------
     def _collective(self, g: int, kind: str, op: str, size_bytes: float):
         """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done."""
-        group = self.layout.tp_group(g) if kind == "tp" else (
-            self.layout.dp_group(g) if kind == "dp" else self.layout.mp_group(g))
+        group = self._group(g, kind)
         p = len(group)
         if p == 1 or size_bytes <= 0:
             return
@@ -183,10 +253,9 @@ class TrainingExecutor:
             self._cache[key] = self.env.now - t0
             return
         mine = world.run_collective_alone(factory(), group)
-        if kind == "dp":
-            for peer in self._nic_peers(g):
-                pg = self.layout.dp_group(peer)
-                world.run_collective_alone(coll.build(op, "ring", p, size_bytes), pg).join_all()
+        if kind in ("tp", "dp"):
+            for mg in self._mirror_groups(g, kind):
+                world.run_collective_alone(factory(), mg).join_all()
         yield mine.join_all()
 
     def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
@@ -204,9 +273,8 @@ class TrainingExecutor:
             rt = world.topology.route(g, dst)
             ev = world.network.transfer_event([(rt.links, 1.0)], size_bytes, rt.latency_s)
             if self.symmetric:
-                for peer in self._nic_peers(g):
-                    pdst = self.layout.stage_peer(peer, dst_stage)
-                    prt = world.topology.route(peer, pdst)
+                for a, b in self._p2p_mirrors(g, dst_stage):
+                    prt = world.topology.route(a, b)
                     world.network.transfer_event([(prt.links, 1.0)], size_bytes, prt.latency_s)
             yield ev
             world.span(g, STREAM_P2P, name, COMM_PP, start, {"bytes": size_bytes, "op": "send", "dst": dst})

@@ -24,11 +24,40 @@ from sim.explore.table import (
 from sim.outputs.writers import atomic_write_text
 
 CSV_COLUMNS = [
-    "label", "file", "status", "reason", "name", "gpu", "num_gpus", "intra_node", "inter_node", "data", "tensor",
-    "pipeline", "schedule", "virtual_stages", "zero", "sequence_parallel", "micro_batch", "microbatches",
-    "checkpointing", "precision", "step_time_s", "samples_per_s", "tokens_per_s", "mfu", "bubble_fraction",
-    "exposed_comm_s", "peak_memory_GB", "gpu_memory_GB", "fits_in_memory", "cost_per_step_usd",
-    "cost_per_1M_tokens_usd", "time_to_train_days", "cost_to_train_usd", "energy_kWh_per_step",
+    "label",
+    "file",
+    "status",
+    "reason",
+    "name",
+    "gpu",
+    "num_gpus",
+    "intra_node",
+    "inter_node",
+    "data",
+    "tensor",
+    "pipeline",
+    "schedule",
+    "virtual_stages",
+    "zero",
+    "sequence_parallel",
+    "micro_batch",
+    "microbatches",
+    "checkpointing",
+    "precision",
+    "step_time_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "mfu",
+    "bubble_fraction",
+    "exposed_comm_s",
+    "peak_memory_GB",
+    "gpu_memory_GB",
+    "fits_in_memory",
+    "cost_per_step_usd",
+    "cost_per_1M_tokens_usd",
+    "time_to_train_days",
+    "cost_to_train_usd",
+    "energy_kWh_per_step",
 ]
 
 
@@ -63,17 +92,36 @@ def load_all(paths: list[str], overrides: list[str]) -> list[dict]:
     return out
 
 
-def compare(paths: list[str], overrides: list[str] | None = None, *, workers: int | None = None,
-            executor: str = "local", address: str | None = None, progress: bool = True) -> list[dict]:
+def compare(
+    paths: list[str],
+    overrides: list[str] | None = None,
+    *,
+    workers: int | None = None,
+    executor: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """Simulate each scenario file (with the same overrides) and return one row per file."""
     scenarios = load_all(paths, overrides or [])
-    results = run_jobs([(s, None) for s in scenarios], workers=workers, executor=executor, address=address,
-                       progress=progress, desc="compare")
+    results = run_jobs(
+        [(s, None) for s in scenarios],
+        workers=workers,
+        executor=executor,
+        address=address,
+        progress=progress,
+        desc="compare",
+    )
     labels = unique_labels([s["name"] for s in scenarios])
     rows = []
     for path, label, sc, res in zip(paths, labels, scenarios, results, strict=True):
-        row = {"label": label, "file": str(path), "name": sc["name"], "status": res["status"],
-               "reason": res.get("reason", ""), **setting_row(sc)}
+        row = {
+            "label": label,
+            "file": str(path),
+            "name": sc["name"],
+            "status": res["status"],
+            "reason": res.get("reason", ""),
+            **setting_row(sc),
+        }
         if "summary" in res:
             row.update(summary_row(res["summary"]))
         rows.append(row)
@@ -88,7 +136,10 @@ def compare_table(rows: list[dict]) -> str:
         ["network", *(f"{cell(r.get('intra_node'))} / {cell(r.get('inter_node'))}" for r in rows)],
         ["data × tensor × pipeline", *(layout_text(r) for r in rows)],
         ["schedule", *(schedule_text(r) for r in rows)],
-        ["micro-batch × count", *(f"{cell(r.get('micro_batch'))} × {cell(r.get('microbatches'))}" for r in rows)],
+        [
+            "micro-batch × count",
+            *(f"{cell(r.get('micro_batch'))} × {cell(r.get('microbatches'))}" for r in rows),
+        ],
         ["ZeRO / checkpointing", *(f"{cell(r.get('zero'))} / {cell(r.get('checkpointing'))}" for r in rows)],
         ["precision", *(cell(r.get("precision")) for r in rows)],
     ]

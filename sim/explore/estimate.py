@@ -61,8 +61,10 @@ class Candidate:
     def label(self) -> str:
         sched = self.schedule if self.virtual_stages == 1 else f"{self.schedule}×{self.virtual_stages}"
         sp = " sp" if self.sequence_parallel else ""
-        return (f"d{self.data} t{self.tensor} p{self.pipeline} mb{self.micro_batch} {sched} "
-                f"z{self.zero} ckpt:{self.checkpointing}{sp}")
+        return (
+            f"d{self.data} t{self.tensor} p{self.pipeline} mb{self.micro_batch} {sched} "
+            f"z{self.zero} ckpt:{self.checkpointing}{sp}"
+        )
 
 
 @dataclass
@@ -154,8 +156,13 @@ class Estimator:
             return sum(self._coll(s.comm, t, s.comm_bytes, link) for s in segs)
 
         def whole(ops) -> float:
-            return comp(ops.forward) + comm(ops.forward) + comp(ops.backward_input) + comm(
-                ops.backward_input) + sum(price(op) for op in ops.backward_weight)
+            return (
+                comp(ops.forward)
+                + comm(ops.forward)
+                + comp(ops.backward_input)
+                + comm(ops.backward_input)
+                + sum(price(op) for op in ops.backward_weight)
+            )
 
         attention = sum(price(op) for s in lo.forward for op in s.ops if op.kind == ATTENTION)
         emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
@@ -173,13 +180,20 @@ class Estimator:
     # ---- memory ---------------------------------------------------------------------------------
     def _stage_layers(self, c: Candidate) -> list[int]:
         parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages)
-        return [sum(len(parts[k * c.pipeline + s]) for k in range(c.virtual_stages)) for s in range(c.pipeline)]
+        return [
+            sum(len(parts[k * c.pipeline + s]) for k in range(c.virtual_stages)) for s in range(c.pipeline)
+        ]
 
     def states_bytes(self, c: Candidate) -> float:
         """Weights + gradients + optimizer states on the fullest stage (ZeRO formulas): a lower bound on
         its memory, so a candidate whose states alone exceed the GPU can be dropped without building it."""
-        st = mem.model_state_bytes(max(self._stage_params(c)), zero_stage=c.zero, dp=c.data,
-                                   precision=self.precision, optimizer=self.optimizer)
+        st = mem.model_state_bytes(
+            max(self._stage_params(c)),
+            zero_stage=c.zero,
+            dp=c.data,
+            precision=self.precision,
+            optimizer=self.optimizer,
+        )
         return st["weights"] + st["gradients"] + st["optimizer"]
 
     # ---- step time ----------------------------------------------------------------------------
@@ -216,8 +230,9 @@ class Estimator:
         dp_link = self._link(self._span_nodes(t, dp))
         opt_shard = stage_params / (dp if c.zero >= 1 else 1)
         mixed = self.precision not in ("fp32", "tf32")
-        optimizer = self.cost.op_time_s(elementwise("opt", opt_shard * OPTIMIZER_BYTES_PER_PARAM[
-            (self.optimizer, mixed)], "fp32"))
+        optimizer = self.cost.op_time_s(
+            elementwise("opt", opt_shard * OPTIMIZER_BYTES_PER_PARAM[(self.optimizer, mixed)], "fp32")
+        )
         dp_total = dp_exposed = 0.0
         if dp > 1:
             if c.zero == 0:
@@ -237,15 +252,23 @@ class Estimator:
             dp_exposed = max(sync - overlap, last_bucket) + after
             dp_total = sync + after
         step = pipe + dp_exposed + optimizer
-        compute = m * max(n * (lt.fwd + lt.bwd + (recompute - lt.tp_fwd if c.checkpointing == "full"
-                                                   else recompute)) for n in layers)
+        compute = m * max(
+            n * (lt.fwd + lt.bwd + (recompute - lt.tp_fwd if c.checkpointing == "full" else recompute))
+            for n in layers
+        )
         return Estimate(
-            step_time_s=step, compute_s=compute, bubble_fraction=bubble,
+            step_time_s=step,
+            compute_s=compute,
+            bubble_fraction=bubble,
             tp_comm_s=m * max(layers) * (lt.tp_fwd + lt.tp_bwd) * (2 if c.checkpointing == "full" else 1)
-            if t > 1 else 0.0,
+            if t > 1
+            else 0.0,
             p2p_s=2 * (m + p - 1) * p2p_hop if p > 1 else 0.0,
-            dp_exposed_s=dp_exposed, dp_comm_s=dp_total, optimizer_s=optimizer,
-            states_bytes=self.states_bytes(c))
+            dp_exposed_s=dp_exposed,
+            dp_comm_s=dp_total,
+            optimizer_s=optimizer,
+            states_bytes=self.states_bytes(c),
+        )
 
     def _stage_params(self, c: Candidate) -> list[float]:
         d, t = self.dims, c.tensor
@@ -253,17 +276,28 @@ class Estimator:
         emb_params = tf.embedding_params(d) / t
         head_params = emb_params if (not d.tied_embeddings or c.pipeline * c.virtual_stages > 1) else 0.0
         layers = self._stage_layers(c)
-        return [n * layer_params + (emb_params if s == 0 else 0) + (head_params if s == c.pipeline - 1 else 0)
-                for s, n in enumerate(layers)]
+        return [
+            n * layer_params + (emb_params if s == 0 else 0) + (head_params if s == c.pipeline - 1 else 0)
+            for s, n in enumerate(layers)
+        ]
 
     def _span_nodes(self, t: int, dp: int) -> int:
         """Nodes a data-parallel group (dp ranks, t apart) spans."""
         return max(1, min(dp, math.ceil(t * dp / self.gpus_per_node)))
 
+    def dp_span_nodes(self, c: Candidate) -> int:
+        """Nodes one of ``c``'s data-parallel groups spans (1: its gradient sync stays on NVLink)."""
+        return self._span_nodes(c.tensor, c.data)
+
+    def params_total(self) -> float:
+        return float(tf.model_params(self.dims))
+
     def model_state_bytes(self) -> float:
         """Weights + gradients + optimizer states of the whole model (no sharding): what must be split."""
         params = tf.model_params(self.dims)
-        st = mem.model_state_bytes(params, zero_stage=0, dp=1, precision=self.precision, optimizer=self.optimizer)
+        st = mem.model_state_bytes(
+            params, zero_stage=0, dp=1, precision=self.precision, optimizer=self.optimizer
+        )
         return st["weights"] + st["gradients"] + st["optimizer"]
 
     # ---- exact memory, from the builder the simulation uses ----------------------------------------
@@ -273,11 +307,20 @@ class Estimator:
         from sim.scenario.schema import Checkpointing
 
         sc = self.scenario
-        par = sc.parallel.model_copy(update={
-            "data": c.data, "tensor": c.tensor, "pipeline": c.pipeline, "schedule": c.schedule,
-            "virtual_stages": c.virtual_stages, "zero": c.zero, "sequence_parallel": c.sequence_parallel})
-        tr = sc.training.model_copy(update={"micro_batch": c.micro_batch,
-                                            "checkpointing": Checkpointing(kind=c.checkpointing)})
+        par = sc.parallel.model_copy(
+            update={
+                "data": c.data,
+                "tensor": c.tensor,
+                "pipeline": c.pipeline,
+                "schedule": c.schedule,
+                "virtual_stages": c.virtual_stages,
+                "zero": c.zero,
+                "sequence_parallel": c.sequence_parallel,
+            }
+        )
+        tr = sc.training.model_copy(
+            update={"micro_batch": c.micro_batch, "checkpointing": Checkpointing(kind=c.checkpointing)}
+        )
         return sc.model_copy(update={"parallel": par, "training": tr})
 
     def exact_memory(self, c: Candidate) -> dict:

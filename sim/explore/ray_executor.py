@@ -21,8 +21,9 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise ScenarioError(f"--executor ray needs the ray package, which is not installed; {INSTALL_HINT}",
-                            "--executor") from None
+        raise ScenarioError(
+            f"--executor ray needs the ray package, which is not installed; {INSTALL_HINT}", "--executor"
+        ) from None
     return ray
 
 
@@ -40,12 +41,20 @@ def run_on_ray(
     started = False
     if not ray.is_initialized():
         try:
-            ray.init(address=address, num_cpus=num_cpus if address is None else None,
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(
+                address=address,
+                num_cpus=num_cpus if address is None else None,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"at {address!r}" if address else "locally"
-            raise ScenarioError(f"cannot start or reach Ray {where}: {str(exc).splitlines()[0]}; check --address "
-                                "(e.g. auto, or ray://HOST:10001)", "--address") from None
+            raise ScenarioError(
+                f"cannot start or reach Ray {where}: {str(exc).splitlines()[0]}; check --address "
+                "(e.g. auto, or ray://HOST:10001)",
+                "--address",
+            ) from None
         started = True
     try:
         task = ray.remote(fn)

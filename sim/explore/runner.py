@@ -55,11 +55,18 @@ def simulate_point(data: dict, base_dir: str | None = None) -> dict:
     except ScenarioError as exc:
         return {"status": INVALID, "reason": first_line(exc), "wall_s": time.perf_counter() - t0}
     except SimulationError as exc:
-        return {"status": ERROR, "reason": f"simulation failed: {first_line(exc)}",
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "status": ERROR,
+            "reason": f"simulation failed: {first_line(exc)}",
+            "wall_s": time.perf_counter() - t0,
+        }
     fits = summary.get("fits_in_memory", True)
-    return {"status": OK if fits else NO_FIT, "reason": "" if fits else no_fit_reason(summary),
-            "summary": summary, "wall_s": time.perf_counter() - t0}
+    return {
+        "status": OK if fits else NO_FIT,
+        "reason": "" if fits else no_fit_reason(summary),
+        "summary": summary,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def run_jobs(

@@ -19,15 +19,35 @@ from pathlib import Path
 
 from sim.errors import ScenarioError
 from sim.explore.runner import INVALID, NO_FIT, OK, first_line, run_jobs
-from sim.explore.table import csv_text, setting_row, summary_row, text_table
+from sim.explore.table import csv_text, format_duration, setting_row, summary_row, text_table
 from sim.outputs.writers import atomic_write_text
 
 MAX_POINTS = 10_000
 METRIC_COLUMNS = [
-    "num_gpus", "data", "tensor", "pipeline", "schedule", "virtual_stages", "zero", "micro_batch", "microbatches",
-    "checkpointing", "precision", "step_time_s", "samples_per_s", "tokens_per_s", "mfu", "bubble_fraction",
-    "exposed_comm_s", "peak_memory_GB", "gpu_memory_GB", "fits_in_memory", "cost_per_step_usd",
-    "cost_per_1M_tokens_usd", "time_to_train_days", "energy_kWh_per_step",
+    "num_gpus",
+    "data",
+    "tensor",
+    "pipeline",
+    "schedule",
+    "virtual_stages",
+    "zero",
+    "micro_batch",
+    "microbatches",
+    "checkpointing",
+    "precision",
+    "step_time_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "mfu",
+    "bubble_fraction",
+    "exposed_comm_s",
+    "peak_memory_GB",
+    "gpu_memory_GB",
+    "fits_in_memory",
+    "cost_per_step_usd",
+    "cost_per_1M_tokens_usd",
+    "time_to_train_days",
+    "energy_kWh_per_step",
 ]
 
 
@@ -75,8 +95,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         key = key.strip()
         values = split_values(raw) if sep else []
         if not key or not sep or not values or any(v == "" for v in values):
-            raise ScenarioError(f"{item!r} — expected KEY=V1,V2,…; write e.g. --grid parallel.tensor=1,2,4,8",
-                                "--grid")
+            raise ScenarioError(
+                f"{item!r} — expected KEY=V1,V2,…; write e.g. --grid parallel.tensor=1,2,4,8", "--grid"
+            )
         if key in (k for k, _ in grid):
             raise ScenarioError(f"{key} appears in two --grid options; give all its values in one", "--grid")
         grid.append((key, values))
@@ -86,7 +107,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     for _, values in grid:
         total *= len(values)
     if total > MAX_POINTS:
-        raise ScenarioError(f"the grid has {total} points, more than {MAX_POINTS}; sweep fewer values", "--grid")
+        raise ScenarioError(
+            f"the grid has {total} points, more than {MAX_POINTS}; sweep fewer values", "--grid"
+        )
     return grid
 
 
@@ -108,13 +131,21 @@ def _fit_data(data: dict, fixed_data: bool) -> str | None:
     return f"data={par['data']} (fit: {gpus} GPUs / (tensor {t} × pipeline {p}))"
 
 
-def expand(base: dict, overrides: list[str], grid: list[tuple[str, list[str]]], *, fit_data: bool = True,
-           base_dir: Path | None = None) -> list[Point]:
+def expand(
+    base: dict,
+    overrides: list[str],
+    grid: list[tuple[str, list[str]]],
+    *,
+    fit_data: bool = True,
+    base_dir: Path | None = None,
+) -> list[Point]:
     """Every grid point validated against the schema (invalid ones keep their reason)."""
     from sim.scenario.load import apply_overrides, scenario_from_dict
 
     keys = [k for k, _ in grid]
-    data_fixed = "parallel.data" in keys or any(o.partition("=")[0].strip() == "parallel.data" for o in overrides)
+    data_fixed = "parallel.data" in keys or any(
+        o.partition("=")[0].strip() == "parallel.data" for o in overrides
+    )
     start, _ = apply_overrides(base, overrides)  # a bad --set is the user's mistake: raise
     points = []
     for i, combo in enumerate(itertools.product(*(v for _, v in grid))):
@@ -139,9 +170,17 @@ def expand(base: dict, overrides: list[str], grid: list[tuple[str, list[str]]], 
     return points
 
 
-def sweep(path: str, grid_items: list[str], overrides: list[str] | None = None, *, fit_data: bool = True,
-          workers: int | None = None, executor: str = "local", address: str | None = None,
-          progress: bool = True) -> list[dict]:
+def sweep(
+    path: str,
+    grid_items: list[str],
+    overrides: list[str] | None = None,
+    *,
+    fit_data: bool = True,
+    workers: int | None = None,
+    executor: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """Simulate every valid grid point; one row per point (invalid ones too), in grid order."""
     from sim.scenario.load import read_scenario_file
 
@@ -150,8 +189,14 @@ def sweep(path: str, grid_items: list[str], overrides: list[str] | None = None, 
     base_dir = Path(path).expanduser().resolve().parent
     points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
     todo = [p for p in points if p.scenario is not None]
-    results = run_jobs([(p.scenario, None) for p in todo], workers=workers, executor=executor, address=address,
-                       progress=progress, desc="sweep")
+    results = run_jobs(
+        [(p.scenario, None) for p in todo],
+        workers=workers,
+        executor=executor,
+        address=address,
+        progress=progress,
+        desc="sweep",
+    )
     by_index = {p.index: r for p, r in zip(todo, results, strict=True)}
     rows = []
     for p in points:
@@ -177,11 +222,33 @@ def sweep_table(rows: list[dict], keys: list[str]) -> str:
     body = []
     for r in rows:
         layout = f"{r['data']}×{r['tensor']}×{r['pipeline']}" if r.get("data") is not None else "—"
-        body.append([str(r[k]) for k in keys] + [
-            layout, num(r, "step_time_s", ".4g") + (" s" if r.get("step_time_s") is not None else ""),
-            num(r, "tokens_per_s", ",.0f"), num(r, "mfu", ".1%"), num(r, "peak_memory_GB", ".1f"), r["status"]])
+        body.append(
+            [str(r[k]) for k in keys]
+            + [
+                layout,
+                format_duration(r["step_time_s"]) if r.get("step_time_s") is not None else "—",
+                num(r, "tokens_per_s", ",.0f"),
+                num(r, "mfu", ".1%"),
+                num(r, "peak_memory_GB", ".1f"),
+                r["status"],
+            ]
+        )
     n = len(keys)
     return text_table(header, body, right=set(range(n + 1, n + 5)))
+
+
+def sweep_text(rows: list[dict], keys: list[str]) -> str:
+    """The table, the counts by status and every infeasible point with its reason."""
+    n = counts(rows)
+    lines = [
+        sweep_table(rows, keys),
+        f"{len(rows)} points: {n[OK]} feasible, {n[NO_FIT]} do not fit in memory, {n[INVALID]} invalid"
+        + (f", {n['error']} failed" if n.get("error") else ""),
+    ]
+    bad = infeasible_lines(rows)
+    if bad:
+        lines += ["infeasible points:", *bad]
+    return "\n".join(lines)
 
 
 def infeasible_lines(rows: list[dict]) -> list[str]:
@@ -189,7 +256,9 @@ def infeasible_lines(rows: list[dict]) -> list[str]:
     return [f"  {r['label']}: {r['status']}: {r['reason']}" for r in rows if r["status"] != OK]
 
 
-def write_sweep(rows: list[dict], keys: list[str], out_dir: Path, charts: bool = True, title: str = "") -> list[Path]:
+def write_sweep(
+    rows: list[dict], keys: list[str], out_dir: Path, charts: bool = True, title: str = ""
+) -> list[Path]:
     """sweep.csv (+ sweep.png/.svg) in ``out_dir``."""
     out_dir = Path(out_dir)
     columns = ["point", "label", *keys, "status", "reason", "notes", *METRIC_COLUMNS]
@@ -198,7 +267,7 @@ def write_sweep(rows: list[dict], keys: list[str], out_dir: Path, charts: bool =
     if charts:
         from sim.outputs.compare_chart import plot_sweep
 
-        files += plot_sweep(rows, out_dir / "sweep", title)
+        files += plot_sweep(rows, out_dir / "sweep", keys, title)
     return files
 
 

@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable, Iterable
 
 
-
 def _get(d: dict, path: str, default=None):
     for key in path.split("."):
         if not isinstance(d, dict) or key not in d:
@@ -135,7 +134,10 @@ def text_table(header: list[str], rows: Iterable[list[str]], right: set[int] | N
     right = right or set()
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out = [line(header), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
@@ -148,5 +150,7 @@ def csv_text(rows: list[dict], columns: list[str]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in rows:
-        w.writerow(["" if r.get(c) is None else (repr(r[c]) if isinstance(r[c], float) else r[c]) for c in columns])
+        w.writerow(
+            ["" if r.get(c) is None else (repr(r[c]) if isinstance(r[c], float) else r[c]) for c in columns]
+        )
     return buf.getvalue()

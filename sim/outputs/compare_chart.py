@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from sim.outputs import style
@@ -66,9 +67,15 @@ def compare_figure(rows: list[dict]) -> Figure:
                 bar.set_hatch(style.BUBBLE_HATCH)
                 bar.set_edgecolor(style.OOM_COLOR)
             text = "n/a" if v is None else _fmt(v * scale) + (" OOM" if no_fit else "")
-            ax.annotate(text, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize=8,
-                        color=style.OOM_COLOR if no_fit else "#222222")
+            ax.annotate(
+                text,
+                (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+                color=style.OOM_COLOR if no_fit else "#222222",
+            )
         if key == "peak_memory_GB":
             caps = {r.get("gpu_memory_GB") for r in rows if r.get("gpu_memory_GB")}
             for cap in caps:
@@ -94,8 +101,11 @@ def plot_compare(rows: list[dict], out_stem: Path) -> list[Path]:
     return style.save_figure(compare_figure(rows), Path(out_stem))
 
 
-def sweep_figure(rows: list[dict], title: str = "") -> Figure:
-    """Throughput (top) and peak memory against capacity (bottom) per grid point, coloured by status."""
+def sweep_figure(rows: list[dict], keys: list[str] | None = None, title: str = "") -> Figure:
+    """Throughput (top) and peak memory against capacity (bottom) per grid point, coloured by status.
+
+    Tick labels are the point's grid values joined by " · " (the keys name the x axis); a thin line
+    separates groups of the first key."""
     n = len(rows)
     fig = Figure(figsize=(min(24.0, max(8.0, 1.5 + 0.42 * n)), 7.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -106,16 +116,34 @@ def sweep_figure(rows: list[dict], title: str = "") -> Figure:
         tput = (r.get("tokens_per_s") or 0.0) / 1e3
         if status == "invalid" or status == "error":
             top.plot([i], [0], marker="x", color=INVALID_COLOR, markersize=9, zorder=3)
-            top.annotate(status, (i, tput_max * 0.02), rotation=90, ha="center", va="bottom", fontsize=7,
-                         color="#555555")
+            top.annotate(
+                status,
+                (i, tput_max * 0.02),
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="#555555",
+            )
             continue
         no_fit = status == "no-fit"
-        kw = dict(color="white", edgecolor=style.OOM_COLOR, hatch=style.BUBBLE_HATCH) if no_fit else dict(
-            color=OK_COLOR)
+        kw = (
+            dict(color="white", edgecolor=style.OOM_COLOR, hatch=style.BUBBLE_HATCH)
+            if no_fit
+            else dict(color=OK_COLOR)
+        )
         top.bar([i], [tput], width=0.75, zorder=2, **kw)
         if n <= 40:
-            top.annotate(_fmt(tput), (i, tput), xytext=(0, 2), textcoords="offset points", ha="center",
-                         fontsize=7, rotation=90 if n > 12 else 0, va="bottom")
+            top.annotate(
+                _fmt(tput),
+                (i, tput),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                rotation=90 if n > 12 else 0,
+                va="bottom",
+            )
         peak = r.get("peak_memory_GB") or 0.0
         bottom.bar([i], [peak], width=0.75, zorder=2, **kw)
     caps = {r.get("gpu_memory_GB") for r in rows if r.get("gpu_memory_GB")}
@@ -128,22 +156,43 @@ def sweep_figure(rows: list[dict], title: str = "") -> Figure:
         ax.grid(axis="y", color="#DDDDDD", zorder=0)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    labels = [r.get("label", str(i)) for i, r in enumerate(rows)]
+    keys = [k for k in (keys or []) if all(k in r for r in rows)]
+    if keys:
+        labels = [" · ".join(str(r[k]) for k in keys) for r in rows]
+        bottom.set_xlabel(" · ".join(k.rsplit(".", 1)[-1] for k in keys))
+        if len(keys) > 1:
+            for i in range(1, n):
+                if rows[i][keys[0]] != rows[i - 1][keys[0]]:
+                    for ax in (top, bottom):
+                        ax.axvline(i - 0.5, color="#BBBBBB", linewidth=0.8, zorder=1)
+    else:
+        labels = [r.get("label", str(i)) for i, r in enumerate(rows)]
     step = max(1, n // 60)
-    bottom.set_xticks(xs[::step], labels[::step], rotation=60 if n > 6 else 0, ha="right" if n > 6 else "center",
-                      fontsize=8)
-    handles = [Patch(color=OK_COLOR, label="fits"),
-               Patch(facecolor="white", edgecolor=style.OOM_COLOR, hatch=style.BUBBLE_HATCH,
-                     label="does not fit in memory"),
-               Patch(color=INVALID_COLOR, label="invalid (× ; reason in sweep.csv)")]
+    longest = max(len(x) for x in labels)
+    turn = n > 6 and longest * n > 90
+    bottom.set_xticks(
+        xs[::step], labels[::step], rotation=60 if turn else 0, ha="right" if turn else "center", fontsize=8
+    )
+    handles = [
+        Patch(color=OK_COLOR, label="fits"),
+        Patch(
+            facecolor="white",
+            edgecolor=style.OOM_COLOR,
+            hatch=style.BUBBLE_HATCH,
+            label="does not fit in memory",
+        ),
+        Patch(color=INVALID_COLOR, label="invalid (× ; reason in sweep.csv)"),
+    ]
     if caps:
-        handles.append(Patch(color=style.CAPACITY_COLOR, label="GPU memory"))
+        handles.append(Line2D([], [], color=style.CAPACITY_COLOR, linestyle="--", label="GPU memory"))
     top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ok = sum(1 for r in rows if r.get("status") == "ok")
     fig.suptitle(f"{title + ': ' if title else ''}{n} points, {ok} feasible", fontsize=11)
     return fig
 
 
-def plot_sweep(rows: list[dict], out_stem: Path, title: str = "") -> list[Path]:
+def plot_sweep(
+    rows: list[dict], out_stem: Path, keys: list[str] | None = None, title: str = ""
+) -> list[Path]:
     """sweep.png and sweep.svg."""
-    return style.save_figure(sweep_figure(rows, title), Path(out_stem))
+    return style.save_figure(sweep_figure(rows, keys, title), Path(out_stem))

@@ -19,7 +19,8 @@ from sim.outputs.writers import atomic_write_text
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 CHART_ORDER = ("gantt", "pipeline", "memory", "compare", "sweep")  # the rest follow alphabetically
-CSV_TABLES = (("compare.csv", "Comparison"), ("plan.csv", "Plan: ranked candidates"), ("sweep.csv", "Sweep"))
+TEXT_TABLES = (("compare.txt", "Comparison"), ("plan.txt", "Plan"), ("sweep.txt", "Sweep"))
+CSV_TABLES = (("compare.csv", "Comparison"), ("plan.csv", "Plan: candidates"), ("sweep.csv", "Sweep"))
 MAX_TABLE_ROWS = 300
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -31,9 +32,11 @@ h1{font-size:1.5em;margin:.2em 0 .1em}h2{font-size:1.15em;margin:1.4em 0 .4em;bo
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.bad td{background:#fdecea}tr.win td{background:#e8f4ea}
-.scroll{overflow-x:auto}figure{margin:.6em 0 1.4em}figure img{max-width:100%;height:auto;border:1px solid #eee}
+.scroll{overflow-x:auto}figure{margin:.6em 0 1.4em}
+figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:.85em}pre{background:#f7f7f7;padding:10px;overflow-x:auto;font-size:.82em}
-details summary{cursor:pointer;color:#0b5394}.fit{color:#1b7d2f;font-weight:600}.oom{color:#c00000;font-weight:600}
+details summary{cursor:pointer;color:#0b5394}
+.fit{color:#1b7d2f;font-weight:600}.oom{color:#c00000;font-weight:600}
 ol li{margin:.2em 0}code{background:#f3f3f3;padding:0 3px}
 """
 
@@ -59,13 +62,24 @@ def _summary_rows(s: dict) -> list[tuple[str, str]]:
         return rows
     par = s.get("parallel", {})
     if par:
-        rows.append(("GPUs", _e(f"{s.get('num_gpus')} (data {par.get('data')} × tensor {par.get('tensor')} × "
-                                f"pipeline {par.get('pipeline')}, {par.get('schedule')}"
-                                + (f" v={par['virtual_stages']}" if par.get("virtual_stages", 1) > 1 else "")
-                                + f", ZeRO {par.get('zero')})")))
+        rows.append(
+            (
+                "GPUs",
+                _e(
+                    f"{s.get('num_gpus')} (data {par.get('data')} × tensor {par.get('tensor')} × "
+                    f"pipeline {par.get('pipeline')}, {par.get('schedule')}"
+                    + (f" v={par['virtual_stages']}" if par.get("virtual_stages", 1) > 1 else "")
+                    + f", ZeRO {par.get('zero')})"
+                ),
+            )
+        )
     for key, label, fmt in (
         ("step_time_s", "step time", _fmt_s),
-        ("tokens_per_s", "throughput", lambda x: f"{s.get('samples_per_s', 0.0):.4g} samples/s, {x:,.0f} tokens/s"),
+        (
+            "tokens_per_s",
+            "throughput",
+            lambda x: f"{s.get('samples_per_s', 0.0):.4g} samples/s, {x:,.0f} tokens/s",
+        ),
         ("compute_s", "compute / step", _fmt_s),
         ("exposed_comm_s", "exposed communication / step", _fmt_s),
         ("bubble_fraction", "bubble (idle) fraction", lambda x: f"{x:.1%}"),
@@ -77,8 +91,11 @@ def _summary_rows(s: dict) -> list[tuple[str, str]]:
     if mb:
         fits = s.get("fits_in_memory", True)
         cap = s.get("gpu_memory_bytes", 0.0)
-        verdict = ('<span class="fit">fits</span>' if fits else
-                   f'<span class="oom">DOES NOT FIT ({_e(f"{cap / 1e9:.0f}")} GB per GPU)</span>')
+        verdict = (
+            '<span class="fit">fits</span>'
+            if fits
+            else f'<span class="oom">DOES NOT FIT ({_e(f"{cap / 1e9:.0f}")} GB per GPU)</span>'
+        )
         peak = f"{mb['peak'] / 1e9:.2f} GB (stage {mb.get('stage')})"
         rows.append(("peak memory / GPU", f"{_e(peak)} — {verdict}"))
         if not fits and s.get("memory_fixes"):
@@ -91,8 +108,15 @@ def _summary_rows(s: dict) -> list[tuple[str, str]]:
     if "energy_kWh_per_step" in s:
         rows.append(("energy", _e(f"{s['energy_kWh_per_step']:.4g} kWh per step")))
     if "time_to_train_days" in s:
-        rows.append(("time to train", _e(f"{s['time_to_train_days']:.2f} days, ${s.get('cost_to_train_usd', 0):,.0f}, "
-                                         f"{s.get('energy_to_train_MWh', 0):.1f} MWh")))
+        rows.append(
+            (
+                "time to train",
+                _e(
+                    f"{s['time_to_train_days']:.2f} days, ${s.get('cost_to_train_usd', 0):,.0f}, "
+                    f"{s.get('energy_to_train_MWh', 0):.1f} MWh"
+                ),
+            )
+        )
     return rows
 
 
@@ -124,7 +148,9 @@ def _csv_table(path: Path) -> str:
     if not rows:
         return "<p>(empty)</p>"
     header, body = rows[0], rows[1:]
-    keep = [i for i in range(len(header)) if any(i < len(r) and r[i] != "" for r in body)] or list(range(len(header)))
+    keep = [i for i in range(len(header)) if any(i < len(r) and r[i] != "" for r in body)] or list(
+        range(len(header))
+    )
     status = header.index("status") if "status" in header else None
     rank = header.index("rank") if "rank" in header else None
     out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{_e(header[i])}</th>" for i in keep) + "</tr>"]
@@ -151,8 +177,10 @@ def _figure(png: Path) -> str:
     data = base64.b64encode(png.read_bytes()).decode("ascii")
     svg = png.with_suffix(".svg")
     also = f" (vector version: {_e(svg.name)})" if svg.exists() else ""
-    return (f'<figure><img alt="{_e(png.stem)} chart" src="data:image/png;base64,{data}">'
-            f"<figcaption>{_e(png.name)}{also}</figcaption></figure>")
+    return (
+        f'<figure><img alt="{_e(png.stem)} chart" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(png.name)}{also}</figcaption></figure>"
+    )
 
 
 def _perfetto(folder: Path) -> str:
@@ -162,7 +190,8 @@ def _perfetto(folder: Path) -> str:
     size = trace.stat().st_size / 1e6
     return (
         "<h2>Timeline in Perfetto</h2>"
-        f"<p>The full timeline is in <a href=\"trace.json\" download><code>trace.json</code></a> ({size:.1f} MB, "
+        '<p>The full timeline is in <a href="trace.json" download><code>trace.json</code></a> '
+        f"({size:.1f} MB, "
         "next to this report). To explore it:</p><ol>"
         f'<li>open <a href="{PERFETTO_URL}" target="_blank" rel="noopener noreferrer">{PERFETTO_URL}</a> '
         "(it runs in your browser; the trace is not uploaded);</li>"
@@ -179,16 +208,27 @@ def report_html(folder: Path) -> str:
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
     title = (summary or {}).get("name") or folder.resolve().name
-    parts = [f"<h1>dtsim report: {_e(title)}</h1>",
-             f'<div class="sub">result folder <code>{_e(folder.resolve())}</code></div>']
+    parts = [
+        f"<h1>dtsim report: {_e(title)}</h1>",
+        f'<div class="sub">result folder <code>{_e(folder.resolve())}</code></div>',
+    ]
     if summary is not None:
         parts += ["<h2>Summary</h2>", _kv_table(_summary_rows(summary))]
-    plan_txt = folder / "plan.txt"
-    if plan_txt.exists():
-        parts += ["<h2>Plan</h2>", f"<pre>{_e(plan_txt.read_text(encoding='utf-8'))}</pre>"]
-    for name, heading in CSV_TABLES:
+    for name, heading in TEXT_TABLES:
         if (folder / name).exists():
-            parts += [f"<h2>{_e(heading)} <small>({_e(name)})</small></h2>", _csv_table(folder / name)]
+            parts += [
+                f"<h2>{_e(heading)}</h2>",
+                f"<pre>{_e((folder / name).read_text(encoding='utf-8'))}</pre>",
+            ]
+    for name, heading in CSV_TABLES:
+        path = folder / name
+        if not path.exists():
+            continue
+        table = _csv_table(path)
+        if (folder / name.replace(".csv", ".txt")).exists():  # its text table is shown: keep this one folded
+            parts.append(f"<details><summary>all columns ({_e(name)})</summary>{table}</details>")
+        else:
+            parts += [f"<h2>{_e(heading)} <small>({_e(name)})</small></h2>", table]
     charts = _charts(folder)
     if charts:
         parts.append("<h2>Charts</h2>")
@@ -197,14 +237,17 @@ def report_html(folder: Path) -> str:
     for yaml_name, heading in (("resolved.yaml", "Resolved scenario"), ("best.yaml", "Best configuration")):
         y = folder / yaml_name
         if y.exists():
-            parts.append(f"<h2>{heading} <small>({yaml_name})</small></h2><details open><summary>{_e(yaml_name)}"
-                         f"</summary><pre>{_e(y.read_text(encoding='utf-8'))}</pre></details>")
+            parts.append(
+                f"<h2>{heading} <small>({yaml_name})</small></h2><details open><summary>{_e(yaml_name)}"
+                f"</summary><pre>{_e(y.read_text(encoding='utf-8'))}</pre></details>"
+            )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>dtsim report: {_e(title)}</title><style>{_CSS}</style></head><body>"
-        + "\n".join(parts) + "</body></html>\n"
+        + "\n".join(parts)
+        + "</body></html>\n"
     )
 
 

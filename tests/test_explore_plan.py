@@ -1,0 +1,168 @@
+"""plan: the search space obeys the rules, the closed-form screen tracks the simulator, and the planner finds
+configurations at least as good as hand-written ones."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.api import simulate
+from sim.cli import main
+from sim.errors import ScenarioError
+from sim.explore.estimate import Candidate, Estimator
+from sim.explore.plan import candidate_of, enumerate_candidates, plan
+from sim.scenario.load import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT3_175B = ROOT / "scenarios" / "gpt3-175b-1024xa100-hdr.yaml"
+
+# Megatron-style hand-written layouts, as the shipped scenarios are written (TP inside a node, PP, DP).
+HAND_13B = {
+    "name": "hand-13b",
+    "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "A100-80GB", "inter_node": "hdr", "nics_per_node": 8},
+    "model": "gpt3-13b",
+    "parallel": {"data": 4, "tensor": 4, "pipeline": 2, "schedule": "1f1b"},
+    "training": {"global_batch": 128, "micro_batch": 1, "checkpointing": "full", "tokens": 1.0e11},
+    "simulation": {"symmetry": "on"},
+}
+HAND_1P3B = {
+    "name": "hand-1p3b",
+    "cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "A100-80GB", "inter_node": "hdr", "nics_per_node": 4},
+    "model": "gpt3-1.3b",
+    "parallel": {"data": 2, "tensor": 2, "pipeline": 2, "schedule": "1f1b"},
+    "training": {"global_batch": 32, "micro_batch": 2, "checkpointing": "full", "tokens": 1.0e9},
+}
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / f"{data['name']}.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def with_changes(data: dict, **sections) -> dict:
+    out = {**data}
+    for section, values in sections.items():
+        out[section] = {**data[section], **values}
+    return out
+
+
+# ---- search space and screen ------------------------------------------------------------------------
+def test_candidates_obey_the_layout_rules():
+    sc = load_scenario(GPT3_175B)
+    cands, pruned = enumerate_candidates(sc, 1024)
+    m, batch = sc.model, sc.training.global_batch
+    assert len(cands) > 1000 and sum(pruned.values()) > 0
+    for c in cands:
+        assert c.data * c.tensor * c.pipeline == 1024
+        assert c.tensor <= 8 and m.heads % c.tensor == 0 and m.ffn_hidden % c.tensor == 0
+        assert c.pipeline * c.virtual_stages <= m.layers
+        assert batch % (c.data * c.micro_batch) == 0
+        mbs = batch // (c.data * c.micro_batch)
+        assert c.schedule != "interleaved-1f1b" or (mbs % c.pipeline == 0 and c.virtual_stages > 1)
+        assert c.pipeline > 1 or c.schedule == "1f1b"
+        assert not c.sequence_parallel or c.tensor > 1
+    assert candidate_of(sc) in cands  # the shipped layout is in the search space
+
+
+def test_closed_form_screen_tracks_the_simulator(tmp_path):
+    base = write(tmp_path, HAND_1P3B)
+    est = Estimator(load_scenario(base))
+    for c in (
+        Candidate(2, 2, 2, 2, "1f1b", 1, 0, "full", False),
+        Candidate(4, 1, 2, 1, "interleaved-1f1b", 4, 1, "selective", False),
+        Candidate(2, 4, 1, 4, "1f1b", 1, 0, "none", True),
+    ):
+        summary = simulate(load_scenario(base, c.overrides())).summary
+        e = est.estimate(c)
+        assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=0.08), c.label()
+        assert est.exact_memory(c)["peak"] == pytest.approx(summary["memory_bytes"]["peak"], rel=1e-9)
+        assert e.states_bytes <= summary["memory_bytes"]["peak"]
+
+
+# ---- the planner ------------------------------------------------------------------------------------
+def test_plan_beats_a_hand_written_megatron_layout(tmp_path):
+    result = plan(str(write(tmp_path, HAND_13B)), top=2, workers=2, progress=False)
+    given = result.given
+    searched = [r for r in result.rows if r["_screened"] is not None and r["status"] == "ok"]
+    assert given is not None and given["status"] == "ok" and given["candidate"].startswith("d4 t4 p2")
+    assert max(r["tokens_per_s"] for r in searched) >= given["tokens_per_s"]
+    assert result.winner["tokens_per_s"] >= given["tokens_per_s"]
+    st = result.stats
+    assert st["considered"] > st["screened"] > st["simulated"] >= 2 and st["total_s"] > 0
+    text = "\n".join(result.explanation)
+    for word in (
+        "TP ",
+        "PP ",
+        "DP ",
+        "checkpointing",
+        "bubble",
+        "precision bf16",
+        "vs the given configuration",
+    ):
+        assert word in text
+
+
+def test_plan_finds_a_strong_hand_written_layout_itself(tmp_path):
+    strong = with_changes(
+        HAND_1P3B,
+        parallel={"data": 8, "tensor": 1, "pipeline": 1},
+        training={"micro_batch": 4, "checkpointing": "none"},
+    )
+    result = plan(str(write(tmp_path, strong)), top=2, workers=1, progress=False)
+    best_searched = max(r["tokens_per_s"] for r in result.rows if r["_screened"] is not None)
+    assert best_searched >= result.given["tokens_per_s"] * 0.999
+
+
+def test_plan_objectives_over_several_gpu_counts(tmp_path):
+    base = str(write(tmp_path, HAND_1P3B))
+    cost = plan(base, gpus=[4, 8], objective="cost", top=3, workers=1, progress=False)
+    assert {r["num_gpus"] for r in cost.rows} <= {4, 8}
+    ok = [r for r in cost.rows if r["status"] == "ok"]
+    assert cost.winner["cost_per_1M_tokens_usd"] == min(r["cost_per_1M_tokens_usd"] for r in ok)
+    ttt = plan(base, objective="time-to-train", top=1, workers=1, progress=False)
+    assert ttt.winner["time_to_train_days"] == min(
+        r["time_to_train_days"] for r in ttt.rows if r["status"] == "ok"
+    )
+
+
+@pytest.mark.parametrize(
+    "change, kwargs, match",
+    [
+        ({}, {"gpus": [6]}, "whole number of 4-GPU nodes"),
+        ({"training": {"tokens": None}}, {"objective": "time-to-train"}, "training.tokens"),
+        ({}, {"top": 0}, "--top"),
+        (
+            {"model": {"kind": "synthetic", "layers": 4, "forward_ms": 1}, "training": {"tokens": None}},
+            {},
+            "transformer",
+        ),
+    ],
+)
+def test_plan_bad_input_is_a_scenario_error(tmp_path, change, kwargs, match):
+    data = dict(HAND_1P3B)
+    for section, values in change.items():
+        data[section] = values if section == "model" else {**data[section], **values}
+    if "training" in change:
+        data["training"] = {k: v for k, v in data["training"].items() if v is not None}
+    with pytest.raises(ScenarioError, match=match):
+        plan(str(write(tmp_path, data)), progress=False, **kwargs)
+
+
+def test_plan_cli_writes_table_csv_best_yaml_and_report(tmp_path, capsys):
+    out = tmp_path / "plan"
+    rc = main(["plan", str(write(tmp_path, HAND_1P3B)), "--top", "1", "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "considered" in text and "screened by closed forms" in text and "winner:" in text
+    assert "[given]" in text
+    with (out / "plan.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["rank"] == "1" and rows[0]["simulated"] == "True"
+    assert any(r["status"] == "screened" for r in rows)
+    best = load_scenario(out / "best.yaml")  # loads back: a runnable scenario
+    assert best.total_gpus == 8 and best.training.global_batch == 32
+    assert (out / "plan.txt").exists() and (out / "report.html").exists()

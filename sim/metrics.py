@@ -77,7 +77,7 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, n
     out = {
         "name": name,
         "step_time_s": step_time,
-        "step_times_s": [b - a for a, b in zip([0.0] + step_ends[:-1], step_ends)],
+        "step_times_s": [b - a for a, b in zip([0.0] + step_ends[:-1], step_ends, strict=True)],
         "samples_per_s": samples_per_s,
         "tokens_per_s": samples_per_s * tokens_per_sample,
         "global_batch": global_batch,

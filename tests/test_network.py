@@ -102,7 +102,7 @@ def test_random_allocations_are_feasible_and_max_min_fair() -> None:
             share = np.where(cnt > 0, cap / np.maximum(cnt, 1), np.inf)
             s = share.min()
             for i, p in enumerate(paths):
-                if not frozen[i] and any(share[l] <= s * (1 + 1e-12) for l in p):
+                if not frozen[i] and any(share[k] <= s * (1 + 1e-12) for k in p):
                     ref[i] = s
                     frozen[i] = True
                     cap[list(p)] -= s

@@ -198,7 +198,11 @@ def test_out_of_memory_still_simulates_and_says_how_to_fit() -> None:
 
 def test_full_recompute_hfu_is_four_thirds_of_mfu() -> None:
     """Full recompute adds one forward pass to the three of forward + backward (logits excepted)."""
-    from sim.workload.transformer import TransformerDims, hardware_flops_per_iteration, model_flops_per_iteration
+    from sim.workload.transformer import (
+        TransformerDims,
+        hardware_flops_per_iteration,
+        model_flops_per_iteration,
+    )
 
     s = simulate(scenario_from_dict(_tiny(training__checkpointing="full"))).summary
     d = TransformerDims(layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024)

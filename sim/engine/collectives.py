@@ -75,7 +75,7 @@ def _union(dags: list[DAG], rank_maps: list[np.ndarray]) -> DAG:
     """Disjoint union of DAGs whose local ranks map to group ranks through ``rank_maps``."""
     srcs, dsts, sizes, efs, ets = [], [], [], [], []
     off = 0
-    for d, m in zip(dags, rank_maps):
+    for d, m in zip(dags, rank_maps, strict=True):
         srcs.append(m[d.src])
         dsts.append(m[d.dst])
         sizes.append(d.size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import simpy
 
 from sim.engine import collectives as coll
-from sim.engine.job import Block, ChunkWork, TrainingJob
+from sim.engine.job import Block, TrainingJob
 from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -24,14 +24,14 @@ from sim.engine.timeline import (
     COMM_DP,
     COMM_PP,
     COMM_TP,
-    CounterSample,
+    COMPUTE,
     FORWARD,
     OPTIMIZER,
     RECOMPUTE,
-    COMPUTE,
     STREAM_COMM,
     STREAM_COMPUTE,
     STREAM_P2P,
+    CounterSample,
 )
 from sim.engine.world import Stream, World
 from sim.errors import SimulationError
@@ -111,7 +111,7 @@ class TrainingExecutor:
         nics = topo.group_nics(group)
         channels = max((len(v) for v in nics.values()), default=1)
         routes: list[tuple[int, ...]] = []
-        for a, b in zip(group, group[1:] + group[:1]):
+        for a, b in zip(group, group[1:] + group[:1], strict=True):
             if a == b:
                 continue
             na, nb = topo.node_of(a), topo.node_of(b)

@@ -5,6 +5,6 @@ the schedule splits them) or W (weight gradients, zero-bubble schedules); chunk 
 index on that device (interleaved schedules), 0 otherwise. The executor runs the list as given.
 """
 
-from sim.schedules.actions import Action, build_schedule, SCHEDULES
+from sim.schedules.actions import SCHEDULES, Action, build_schedule
 
 __all__ = ["Action", "build_schedule", "SCHEDULES"]

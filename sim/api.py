@@ -197,6 +197,21 @@ def write_results(result: RunResult, out_dir: Path, charts: bool = True) -> list
     return paths
 
 
+def bubble_sweep(scenario, microbatches: list[int]) -> list[tuple[int, float]]:
+    """Simulate ``scenario`` again with m micro-batches per replica for each m (changing the global
+    batch) and return (m, simulated bubble fraction) points for the bubble-vs-m chart."""
+    from sim.scenario.load import scenario_from_dict
+
+    par, tr = scenario.parallel, scenario.training
+    points = []
+    for m in microbatches:
+        d = scenario.resolved()
+        d["training"]["global_batch"] = m * par.data * tr.micro_batch
+        d["simulation"]["steps"] = 1
+        points.append((m, simulate(scenario_from_dict(d)).summary["bubble_fraction"]))
+    return points
+
+
 def run_scenario_dict(scenario: dict, calibration: str | Path | None = None) -> dict:
     """Convenience for scripts (and ``dtsim validate``): a scenario mapping in, its summary out."""
     from sim.scenario.load import scenario_from_dict

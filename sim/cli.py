@@ -89,6 +89,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = simulate(sc, args.calibration)
     out = Path(args.out) if args.out else _default_out(sc.name)
     write_results(result, out, charts=not args.no_charts)
+    if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
+        from sim.api import bubble_sweep
+        from sim.outputs.bubble import plot_bubble_vs_microbatches
+
+        p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
+        ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
+        plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, out / "bubble_vs_m", virtual_stages=v)
     if args.json:
         from sim.outputs.writers import summary_json
 
@@ -146,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
+    r.add_argument("--bubble-sweep", action="store_true",
+                   help="also simulate m = p, 2p, 4p, 8p micro-batches and chart the bubble against m")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("schema", help="print the scenario JSON Schema")

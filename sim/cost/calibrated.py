@@ -3,11 +3,14 @@
 How each op is priced:
   GEMM         achieved FLOP/s at its shape, interpolated in log2(m, n, k) over the measured shapes
                (inverse-distance weighting of the 4 nearest); a batched GEMM is priced as one GEMM of
-               shape (batch·m, n, k), which is how strided-batched kernels fill the GPU. Never faster than
-               the fastest GEMM measured (launch floor).
-  ATTENTION    as a GEMM of the equivalent shape: (batch·m, n, k) when the op carries a shape, otherwise a
-               cube of the same FLOPs; and never faster than moving its bytes at measured bandwidth.
-               Fused attention also does softmax and masking, so this is a lower bound on real kernels.
+               shape (batch·m, n, k), which is how strided-batched kernels fill the GPU. A coarse op
+               without a shape (generic layers) is priced by its FLOPs and arithmetic intensity
+               (FLOPs / bytes) against the measured GEMMs (FLOPs alone: as a cube). Never faster than
+               the fastest GEMM measured.
+  ATTENTION    as a GEMM of the equivalent shape: (batch·m, n, k) (one head's score matrix, batch = the
+               b × heads count), else by FLOPs and intensity; and never faster than moving its bytes at
+               measured bandwidth. Fused attention also does softmax and masking, so this is a lower
+               bound on real kernels.
   ELEMENTWISE  bytes / measured bandwidth at that size (median over copy/add/mul/gelu; per byte, so the
                dtype does not matter).
   FIXED        op.fixed_s.
@@ -25,6 +28,7 @@ import warnings
 from calibrate.fit import BandwidthCurve, ShapeTable
 from calibrate.profile import device_name, load_profile
 from sim.cost.base import CostModel
+from sim.units import DTYPE_BYTES
 from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
 
 LINK_SOURCE_OPS = ("all_reduce", "all_gather")  # fits that define per-link (α, B), in order of preference
@@ -41,7 +45,8 @@ class CalibratedCostModel:
         self.fallback = fallback
         fits = self.profile["fits"]
         self._gemm = {
-            dtype: ShapeTable(t["points"], t["min_time_s"]) for dtype, t in fits.get("gemm", {}).items()
+            dtype: ShapeTable(t["points"], t["min_time_s"], t.get("elem_bytes", DTYPE_BYTES.get(dtype, 2)))
+            for dtype, t in fits.get("gemm", {}).items()
         }
         self._mem = BandwidthCurve(fits["memory"]["kernels"]) if fits.get("memory") else None
         self._links = [
@@ -76,23 +81,27 @@ class CalibratedCostModel:
         if table is None:
             have = ", ".join(sorted(self._gemm)) or "none"
             return self._fall(op, f"{op.kind} dtype {op.dtype}: not in profile (measured: {have})")
-        m, n, k = self._equivalent_shape(op)
-        flops = op.flops if op.flops > 0 else 2.0 * m * n * k
-        tput, extrapolated = table.flops_per_s(m, n, k)
+        if op.m > 0 and op.n > 0 and op.k > 0:
+            m, n, k = float(op.m * max(1, op.batch)), float(op.n), float(op.k)
+            flops = op.flops if op.flops > 0 else 2.0 * m * n * k
+            tput, extrapolated = table.flops_per_s(m, n, k)
+            where = f"(m, n, k) = ({m:.0f}, {n:.0f}, {k:.0f})"
+        elif op.flops > 0 and op.bytes > 0:
+            flops = op.flops
+            tput, extrapolated = table.flops_per_s_by_intensity(flops, op.bytes)
+            where = f"({flops:.3g} FLOPs, {flops / op.bytes:.3g} FLOP/byte)"
+        elif op.flops > 0:  # FLOPs alone: a cube of the same FLOPs
+            flops, side = op.flops, (op.flops / 2.0) ** (1.0 / 3.0)
+            tput, extrapolated = table.flops_per_s(side, side, side)
+            where = f"({flops:.3g} FLOPs as a cube)"
+        else:
+            return 0.0
         t = max(flops / tput, table.min_time_s)
         if op.kind == ATTENTION and op.bytes > 0 and self._mem is not None:
             t_mem, mem_extra = self._mem.time_s(op.bytes)
             if t_mem > t:
                 t, extrapolated = t_mem, mem_extra
-        return self._note(op, t, extrapolated, f"(m, n, k) = ({m:.0f}, {n:.0f}, {k:.0f})")
-
-    @staticmethod
-    def _equivalent_shape(op: Op) -> tuple[float, float, float]:
-        """(batch·m, n, k) when the op has a shape; else the cube with the op's FLOPs (2·s³ = flops)."""
-        if op.m > 0 and op.n > 0 and op.k > 0:
-            return float(op.m * max(1, op.batch)), float(op.n), float(op.k)
-        side = max(1.0, (max(op.flops, 2.0) / 2.0) ** (1.0 / 3.0))
-        return side, side, side
+        return self._note(op, t, extrapolated, where)
 
     def _note(self, op: Op, t: float, extrapolated: bool, where: str) -> float:
         if extrapolated:

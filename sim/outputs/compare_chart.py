@@ -118,7 +118,7 @@ def sweep_figure(rows: list[dict], keys: list[str] | None = None, title: str = "
             top.plot([i], [0], marker="x", color=INVALID_COLOR, markersize=9, zorder=3)
             top.annotate(
                 status,
-                (i, tput_max * 0.02),
+                (i, tput_max * 0.06),
                 rotation=90,
                 ha="center",
                 va="bottom",

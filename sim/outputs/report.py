@@ -34,7 +34,8 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.bad td{background:#fdecea}tr.win td{background:#e8f4ea}
 .scroll{overflow-x:auto}figure{margin:.6em 0 1.4em}
 figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:.85em}pre{background:#f7f7f7;padding:10px;overflow-x:auto;font-size:.82em}
+figcaption{color:#555;font-size:.85em}
+pre{background:#f7f7f7;padding:10px;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.82em}
 details summary{cursor:pointer;color:#0b5394}
 .fit{color:#1b7d2f;font-weight:600}.oom{color:#c00000;font-weight:600}
 ol li{margin:.2em 0}code{background:#f3f3f3;padding:0 3px}

@@ -225,3 +225,11 @@ def test_dynamic_loss_scaling_skips_updates_on_overflow() -> None:
     assert sorted(sp.args["step"] for sp in opt) == [0, 2]  # no update in the overflow step
     times = s["step_times_s"]
     assert times[1] < times[0]
+
+
+def test_bubble_sweep_points_follow_closed_form_for_ideal_stages() -> None:
+    from sim.api import bubble_sweep
+
+    sc = load_scenario(SCEN / "seed-pipeline.yaml")
+    for m, b in bubble_sweep(sc, [1, 2, 4, 8, 16]):
+        assert b == pytest.approx(an.bubble_fraction(4, m), rel=1e-9)

@@ -89,6 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = simulate(sc, args.calibration)
     out = Path(args.out) if args.out else _default_out(sc.name)
     write_results(result, out, charts=not args.no_charts)
+    from sim.outputs.report import write_report
+
     if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
         from sim.api import bubble_sweep
         from sim.outputs.bubble import plot_bubble_vs_microbatches
@@ -96,6 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
         ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
         plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, out / "bubble_vs_m", virtual_stages=v)
+    write_report(out)
     if args.json:
         from sim.outputs.writers import summary_json
 

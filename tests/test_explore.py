@@ -126,6 +126,13 @@ def test_ray_missing_is_a_one_line_install_hint(monkeypatch):
     assert "\n" not in str(exc.value)
 
 
+def test_unreachable_ray_address_fails_fast_in_one_line():
+    pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
+    with pytest.raises(ScenarioError, match="cannot reach Ray") as exc:
+        run_jobs([(synthetic(), None)], executor="ray", address="127.0.0.1:1", progress=False)
+    assert "\n" not in str(exc.value)
+
+
 @pytest.mark.slow
 def test_ray_executor_matches_local_processes():
     pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
@@ -241,3 +248,8 @@ def test_compare_duplicate_names_get_distinct_labels(tmp_path, capsys):
     rc = main(["compare", str(a), str(a), "--out", str(tmp_path / "o"), "--no-charts", "--no-progress"])
     assert rc == 0
     assert [r["label"] for r in read_csv(tmp_path / "o" / "compare.csv")] == ["same", "same#2"]
+
+
+def test_fit_data_follows_the_cluster_size():
+    points = expand(synthetic(), [], parse_grid(["cluster.nodes=1,2"]))
+    assert [p.scenario["parallel"]["data"] for p in points] == [1, 2]

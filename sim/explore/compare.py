@@ -7,7 +7,6 @@ chart of small multiples (``compare.png``/``.svg``) in the out folder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from sim.explore.runner import OK, run_jobs
@@ -59,12 +58,6 @@ CSV_COLUMNS = [
     "cost_to_train_usd",
     "energy_kWh_per_step",
 ]
-
-
-@dataclass
-class CompareResult:
-    rows: list[dict]  # one per scenario, in the order given
-    files: list[Path]  # what was written
 
 
 def unique_labels(names: list[str]) -> list[str]:

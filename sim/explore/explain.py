@@ -63,13 +63,16 @@ def slower(win: Screened, other: Screened | None, attr: str, name: str | None = 
     return f" (best with {name or attr} {value}: {other.candidate.label()}, est. {pct:+.0f}% step time)"
 
 
-def winner_screened(result: PlanResult) -> Screened:
-    """The winner as a screened candidate (the given configuration is estimated here if it won)."""
+def winner_screened(result: PlanResult) -> Screened | None:
+    """The winner as a screened candidate (the given configuration is estimated here if it won), or None
+    when the winner is a given configuration the search space cannot express."""
     s = result.winner.get("_screened")
     if s is not None:
         return s
     base, n = result.base, result.base.total_gpus
     c = candidate_of(base)
+    if c is None:
+        return None
     e = result.estimators[n].estimate(c)
     s = Screened(c, n, e, score_of(result.objective, base, n, e.step_time_s))
     check_memory(s, result.estimators[n])
@@ -189,6 +192,11 @@ def memory_choice(est: Estimator, c: Candidate, attr: str, options, what: dict, 
 def explain(result: PlanResult) -> list[str]:
     """One line per choice of the winner (layout, TP, PP, DP, micro-batch, schedule, memory settings)."""
     win = winner_screened(result)
+    if win is None:
+        return [
+            "the given configuration simulated fastest; its schedule or checkpointing interval is outside "
+            "the search space, so there is nothing to compare it with setting by setting"
+        ]
     c = win.candidate
     est = result.estimators[win.gpus]
     sc = est.scenario

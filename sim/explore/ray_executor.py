@@ -8,6 +8,7 @@ installed (``pip install dtsim`` or the same virtual environment).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
@@ -27,6 +28,24 @@ def _import_ray():
     return ray
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT (or ray://HOST:PORT) nobody listens on: Ray itself retries for minutes."""
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not host:port; let Ray judge it
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ScenarioError(
+            f"cannot reach Ray at {address!r} ({exc.strerror or exc}); check --address (e.g. auto, HOST:6379 "
+            "or ray://HOST:10001) or omit it to start a local Ray",
+            "--address",
+        ) from None
+
+
 def run_on_ray(
     fn: Callable[..., dict],
     jobs: Sequence[tuple],
@@ -38,6 +57,8 @@ def run_on_ray(
 ) -> list[dict]:
     """``fn(*job)`` for each job as a Ray task; results in job order."""
     ray = _import_ray()
+    if address:
+        check_reachable(address)
     started = False
     if not ray.is_initialized():
         try:

@@ -7,8 +7,6 @@ themselves, so the same category looks the same everywhere.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -16,6 +14,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from sim.engine import timeline as tl
+from sim.outputs.writers import atomic_open
 from sim.units import MS, US
 
 # Category → fill colour. Compute categories (Okabe–Ito) and communication categories (Tol muted) live on
@@ -117,8 +116,11 @@ def time_scale(extent_s: float) -> tuple[float, str]:
 
 def format_duration(seconds: float) -> str:
     """A duration with 3 significant digits in the unit its size calls for."""
-    factor, unit = time_scale(seconds)
-    return f"{seconds * factor:.3g} {unit}"
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    if seconds >= MS:
+        return f"{seconds / MS:.3g} ms"
+    return f"{seconds / US:.3g} µs"
 
 
 def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
@@ -133,15 +135,8 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
     rc = {"svg.fonttype": "none", "svg.hashsalt": "dtsim"}
     for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
         final = out_stem.with_name(f"{out_stem.name}.{fmt}")
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh, matplotlib.rc_context(rc):
-                fig.savefig(fh, format=fmt, dpi=PNG_DPI, metadata=metadata)
-            os.replace(tmp, final)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_open(final, "wb") as fh, matplotlib.rc_context(rc):
+            fig.savefig(fh, format=fmt, dpi=PNG_DPI, metadata=metadata)
         written.append(final)
     return written
 

@@ -159,7 +159,8 @@ def _cost_summary(summary: dict, scenario) -> None:
     step = summary["step_time_s"]
     tr = scenario.training
     summary["cost_per_step_usd"] = n * gpu.price_per_gpu_hour * step / 3600
-    tokens_per_step = summary["tokens_per_s"] * step
+    # Tokens only mean something for language models; other workloads count samples.
+    tokens_per_step = summary["tokens_per_s"] * step if scenario.model.kind == "transformer" else 0.0
     if tokens_per_step > 0:
         summary["cost_per_1M_tokens_usd"] = summary["cost_per_step_usd"] * 1e6 / tokens_per_step
     summary["energy_kWh_per_step"] = n * gpu.power_W * step / 3.6e6

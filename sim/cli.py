@@ -44,7 +44,8 @@ def summary_table(summary: dict) -> str:
         ("GPUs", f"{summary['num_gpus']} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
                  f"{par.get('pipeline')}, {par.get('schedule')}, ZeRO {par.get('zero')})"),
         ("step time", _fmt_time(summary["step_time_s"])),
-        ("throughput", f"{summary['samples_per_s']:.2f} samples/s, {summary['tokens_per_s']:.4g} tokens/s"),
+        ("throughput", f"{summary['samples_per_s']:.2f} samples/s"
+                       + (f", {summary['tokens_per_s']:.4g} tokens/s" if summary.get("workload") == "transformer" else "")),
         ("compute / step", _fmt_time(summary["compute_s"])),
         ("exposed comm / step", _fmt_time(summary["exposed_comm_s"])),
         ("bubble (idle) fraction", f"{summary['bubble_fraction']:.1%}"),

@@ -233,3 +233,20 @@ def test_bubble_sweep_points_follow_closed_form_for_ideal_stages() -> None:
     sc = load_scenario(SCEN / "seed-pipeline.yaml")
     for m, b in bubble_sweep(sc, [1, 2, 4, 8, 16]):
         assert b == pytest.approx(an.bubble_fraction(4, m), rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 12), (8, 24)])
+@pytest.mark.parametrize("tf,tb,tw", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.5, 0.5)])
+def test_zero_bubble_schedules_match_their_closed_forms(p: int, m: int, tf: float, tb: float, tw: float) -> None:
+    def step(schedule: str) -> float:
+        lw = LayerWork("L", (Block("f", tf),), (Block("b", tb),), (Block("w", tw),))
+        job = TrainingJob(dp=1, tp=1, pp=p, virtual_stages=1, microbatches=m, schedule=schedule,
+                          chunks=[ChunkWork((lw,)) for _ in range(p)], static_bytes=[0.0] * p)
+        ex = TrainingExecutor(world(1, p), job, symmetric=False)
+        ex.run()
+        return ex.step_end_s[0] - m * (tf + tb + tw)
+
+    assert step("1f1b") == pytest.approx(an.one_f_one_b_bubble_time(p, tf, tb, tw))
+    assert step("zb-h1") == pytest.approx(an.zb_h1_bubble_time(p, tf, tb, tw))
+    if tf + tb > 2 * tw:
+        assert step("zb-h2") == pytest.approx(an.zb_h2_bubble_time(p, tf, tb, tw))

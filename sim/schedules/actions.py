@@ -69,55 +69,37 @@ def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Action]:
     return acts
 
 
-def zero_bubble_h1(p: int, m: int, stage: int) -> list[Action]:
-    """ZB-H1 (Qi et al. 2023): 1F1B order with backward split into B (input gradients, on the critical
-    path) and W (weight gradients). Stage s defers up to p-s-1 W's and runs them in the drain phase,
-    where 1F1B would idle; memory stays that of 1F1B."""
-    warm = min(p - stage - 1, m)
-    defer = p - stage - 1
+def _deferred_w(m: int, warm: int, defer: int) -> list[Action]:
+    """``warm`` forwards, then F (while any remain), B, and — once more than ``defer`` W's are
+    pending — the oldest pending W; the still-pending W's close the step."""
     acts = [Action("F", i) for i in range(warm)]
     pending: list[int] = []
-    f, b = warm, 0
-    while f < m:
-        acts.append(Action("F", f))
-        f += 1
+    f = warm
+    for b in range(m):
+        if f < m:
+            acts.append(Action("F", f))
+            f += 1
         acts.append(Action("B", b))
         pending.append(b)
-        b += 1
-        while len(pending) > defer:
-            acts.append(Action("W", pending.pop(0)))
-    for i in range(b, m):
-        acts.append(Action("B", i))
-        pending.append(i)
-        if pending and len(pending) > defer:
-            acts.append(Action("W", pending.pop(0)))
-    acts.extend(Action("W", i) for i in pending)
-    return acts
-
-
-def zero_bubble_h2(p: int, m: int, stage: int) -> list[Action]:
-    """ZB-H2-like: more warm-up forwards (up to 2(p-s)-1, holding up to 2p-1 micro-batches) so the
-    warm-up bubble fills too, with W's deferred to the drain."""
-    warm = min(2 * (p - stage) - 1, m)
-    defer = 2 * (p - stage - 1)
-    acts = [Action("F", i) for i in range(warm)]
-    pending: list[int] = []
-    f, b = warm, 0
-    while f < m:
-        acts.append(Action("F", f))
-        f += 1
-        acts.append(Action("B", b))
-        pending.append(b)
-        b += 1
-        while len(pending) > defer:
-            acts.append(Action("W", pending.pop(0)))
-    for i in range(b, m):
-        acts.append(Action("B", i))
-        pending.append(i)
         if len(pending) > defer:
             acts.append(Action("W", pending.pop(0)))
     acts.extend(Action("W", i) for i in pending)
     return acts
+
+
+def zero_bubble_h1(p: int, m: int, stage: int) -> list[Action]:
+    """ZB-H1 (Qi et al. 2023): backward split into B (input gradients, the critical path back to stage
+    0) and W (weight gradients). 1F1B's warm-up; stage s keeps its first s W's pending, so its early
+    B's go straight back upstream; afterwards each B is followed by the oldest pending W and the
+    pending ones close the step. Memory as 1F1B; bubble (p-1)(T_F + T_B - T_W)."""
+    return _deferred_w(m, min(p - stage - 1, m), stage)
+
+
+def zero_bubble_h2(p: int, m: int, stage: int) -> list[Action]:
+    """ZB-H2: 2(p-s)-1 warm-up forwards (the first stage holds 2p-1 micro-batches) fill the warm-up
+    bubble, and stage s keeps 2s W's pending to fill the drain. Bubble (p-1)(T_F + T_B - 2T_W) when
+    T_F + T_B > 2T_W (with T_F + T_B ≤ 2T_W about (p-1)·T_W remains)."""
+    return _deferred_w(m, min(2 * (p - stage) - 1, m), 2 * stage)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")

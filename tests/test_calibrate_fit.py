@@ -137,3 +137,18 @@ def test_profile_modules_do_not_import_torch():
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_shapeless_gemm_is_priced_by_flops_and_intensity():
+    """A coarse op (FLOPs and bytes, no shape) finds the skinny GEMM it is, not a cube of equal FLOPs."""
+    pts = []
+    for m in (16, 64, 256, 1024):
+        for nk in (256, 1024):
+            pts.append([m, nk, nk, 1e11 * m / (m + 128)])  # few rows → low throughput
+    st = ShapeTable(pts, 1e-6, elem_bytes=4)
+    m, nk = 16, 1024
+    flops, nbytes = 2.0 * m * nk * nk, 4.0 * (m * nk + nk * nk + m * nk)
+    tput, extra = st.flops_per_s_by_intensity(flops, nbytes)
+    assert not extra and tput == pytest.approx(1e11 * 16 / 144)
+    side = (flops / 2) ** (1 / 3)
+    assert st.flops_per_s(side, side, side)[0] > 2 * tput  # the cube stand-in would be far too fast

@@ -66,6 +66,7 @@ def test_quick_cli_run_writes_a_complete_profile(quick):
     for key in ("cpu_model", "hostname", "date", "torch_version", "command_line", "env", "device_count"):
         assert key in md
     assert md["command_line"].startswith("dtsim calibrate --device cpu --quick")
+    assert profile["run"]["threads_per_device"] >= 1  # one CPU "device" = one worker's share of the cores
     assert set(profile["fits"]["gemm"]) == {"fp32", "bf16"}
     assert profile["fits"]["memory"]["max_bytes_per_s"] > 0
     coll = profile["sections"]["collectives"]

@@ -116,3 +116,21 @@ def test_real_jobs_run_and_are_compared(tmp_path, capsys):
         assert len(job["measured"]["samples_s"]) == 2 and job["simulated_s"] > 0
         assert job["passed"] == (abs(job["rel_error"]) <= result["tolerance"])
     assert "pipeline" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_validate_on_cuda(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from calibrate.config import tiny_config
+    from calibrate.run import CalibrationOptions, run_calibration
+
+    world = min(2, torch.cuda.device_count())
+    path = tmp_path / "cuda.json"
+    run_calibration(CalibrationOptions(device="cuda", world=world, out=path), tiny_config("cuda"), [])
+    out = tmp_path / "val"
+    rc = main(["--profile", str(path), "--quick", "--steps", "3", "--out", str(out)])
+    assert rc in (0, 1)
+    result = json.loads((out / "validate.json").read_text())
+    assert result["jobs"][0]["job"] == "single" and result["jobs"][0]["simulated_s"] > 0

@@ -309,7 +309,7 @@ class TrainingExecutor:
         self._memory(g, static)
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
-            bucket = [0.0]
+            bucket = 0.0
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
                 chunk = job.chunks[vs]
@@ -319,9 +319,10 @@ class TrainingExecutor:
                         self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
                         yield self._event(("F", g, step, vs, a.microbatch))
                     self._memory(g, sum(lw.activation_bytes for lw in chunk.layers))
-                    for lw in chunk.layers:
-                        if job.zero == 3:
-                            yield from self._zero3_gather(g, lw.param_bytes)
+                    gathers = self._zero3_gathers(g, chunk.layers)
+                    for i, lw in enumerate(chunk.layers):
+                        if gathers:
+                            yield gathers(i)
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
                     if vs < V - 1:
                         self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
@@ -332,9 +333,11 @@ class TrainingExecutor:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
                     final = idx in last_grad_action
-                    for lw in reversed(chunk.layers):
-                        if job.zero == 3:
-                            yield from self._zero3_gather(g, lw.param_bytes)
+                    layers = chunk.layers[::-1]
+                    gathers = self._zero3_gathers(g, layers)
+                    for i, lw in enumerate(layers):
+                        if gathers:
+                            yield gathers(i)
                         if a.kind == "B":
                             yield from self._blocks(g, lw.recompute, RECOMPUTE, args, f"R{a.microbatch} {lw.name}")
                             cat = BACKWARD_INPUT if job.split_backward else BACKWARD
@@ -345,20 +348,20 @@ class TrainingExecutor:
                             yield from self._blocks(g, lw.weight, BACKWARD_WEIGHT, args, f"W{a.microbatch} {lw.name}")
                         has_grads = a.kind == "W" or not job.split_backward
                         if has_grads and job.zero == 3:
-                            dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes * job.dp, step))
+                            dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step))
                         elif has_grads and final and job.compression_ratio is None:
-                            bucket[0] += lw.grad_bytes
-                            if bucket[0] >= job.bucket_bytes and job.overlap_grad_sync:
-                                dp_events.append(self._dp_sync(g, self._grad_op(), bucket[0], step))
-                                bucket[0] = 0.0
+                            bucket += lw.grad_bytes
+                            if bucket >= job.bucket_bytes and job.overlap_grad_sync:
+                                dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
+                                bucket = 0.0
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
                         if vs > 0:
                             self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
                                        ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1, a.microbatch),
                                        f"send grad mb{a.microbatch}")
-            if bucket[0] > 0:
-                dp_events.append(self._dp_sync(g, self._grad_op(), bucket[0], step))
+            if bucket > 0:
+                dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             if job.compression_ratio is not None:
                 yield from self._compressed_sync(g, step)
             self._waiting[g] = f"data-parallel gradient sync (step {step})"
@@ -394,12 +397,25 @@ class TrainingExecutor:
 
         return self._stream(g, STREAM_DP).submit(body)
 
-    def _zero3_gather(self, g: int, param_bytes: float):
-        """ZeRO-3 / FSDP: gather a layer's parameters from the data-parallel group before using them."""
-        if self.job.dp == 1 or param_bytes <= 0:
-            return
-        ev = self._dp_gather(g, param_bytes * self.job.dp)
-        yield ev
+    def _zero3_gathers(self, g: int, layers):
+        """ZeRO-3 / FSDP: a function giving the event of layer i's parameter all-gather, with layer
+        i+1's gather queued on the DP stream when layer i's is asked for (FSDP's one-ahead prefetch).
+        None without ZeRO-3."""
+        job = self.job
+        if job.zero != 3 or job.dp == 1:
+            return None
+        events: dict[int, simpy.Event] = {}
+
+        def submit(i: int) -> None:
+            if i < len(layers) and i not in events:
+                events[i] = self._dp_gather(g, layers[i].param_bytes)
+
+        def get(i: int) -> simpy.Event:
+            submit(i)
+            submit(i + 1)
+            return events[i]
+
+        return get
 
     def _dp_gather(self, g: int, size_bytes: float) -> simpy.Event:
         env, world = self.env, self.world

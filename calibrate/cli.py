@@ -1,0 +1,218 @@
+"""`dtsim calibrate`: measure this machine's kernels and collectives into a profile, or report on one.
+
+Exit codes: 0 success; 1 the measurement failed (a worker died or hung; finished sections are kept);
+2 bad arguments (one line on stderr naming the option, the value, the rule and a fix); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from calibrate.config import SECTIONS, make_config
+from calibrate.run import CalibrationOptions
+from sim.errors import ScenarioError
+
+PROG = "dtsim calibrate"
+DEFAULT_OUT_DIR = Path("results") / "calibration"
+MAX_CPU_WORKERS = 64
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _device(value: str) -> str:
+    if value not in ("cuda", "cpu"):
+        raise argparse.ArgumentTypeError(f"got {value!r}; must be 'cuda' or 'cpu' (e.g. --device cpu)")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"got {value!r}; must be a whole number >= 1 (e.g. --gpus 2)")
+    return n
+
+
+def _sections(value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    bad = [n for n in names if n not in SECTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"got {value!r}; must be a comma-separated subset of {','.join(SECTIONS)} (e.g. --only gemm,memory)"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Measure GEMMs, memory bandwidth and collectives; write a profile.")
+    p.add_argument("--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument(
+        "--gpus",
+        type=_positive_int,
+        default=None,
+        help="GPUs (cuda) or worker processes (cpu) for collectives; default: all GPUs / min(4, cores)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"profile path (.json) or folder; default {DEFAULT_OUT_DIR}/<device>-<model>.json. "
+        "With --report: where the PNG goes",
+    )
+    p.add_argument("--quick", action="store_true", help="a small sweep (about two minutes)")
+    p.add_argument("--only", type=_sections, default=SECTIONS, help=f"sections to run: {','.join(SECTIONS)}")
+    p.add_argument("--resume", action="store_true", help="keep finished sections of --out and run the rest")
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="PROFILE",
+        help="print fit quality of PROFILE and plot measured vs fitted curves (no measuring)",
+    )
+    return p
+
+
+def slug(text: str) -> str:
+    """A filename-safe short form of a device name: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3'."""
+    s = re.sub(r"\(r\)|\(tm\)|processor|cpu @.*", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-")[:40] or "device"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:
+        raise ScenarioError(
+            f"torch is not importable ({exc}); the rule is that measuring needs torch: "
+            "pip install 'dtsim[calibrate]' (or use --report, which does not)",
+            field="--device",
+        ) from exc
+    return torch
+
+
+def _resolve(args: argparse.Namespace) -> CalibrationOptions:
+    """Validate against this machine and build the run's options."""
+    from calibrate.launch import torchrun_env, usable_cores
+    from calibrate.metadata import cpu_model
+
+    torch = _torch()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    launched = torchrun_env()
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ScenarioError(
+                f"'cuda' requested but torch {torch.__version__} sees no CUDA GPU; "
+                "use --device cpu, or run on a GPU machine with a CUDA build of torch",
+                field="--device",
+            )
+        available = torch.cuda.device_count()
+        world = args.gpus or available
+        if not launched and world > available:
+            raise ScenarioError(
+                f"{world} requested but only {available} GPU(s) visible; must be <= {available} (e.g. --gpus {available})",
+                field="--gpus",
+            )
+        name = torch.cuda.get_device_name(0)
+    else:
+        cores = usable_cores()
+        world = args.gpus or max(2, min(4, cores))
+        if world > MAX_CPU_WORKERS:
+            raise ScenarioError(
+                f"{world} worker processes requested; must be <= {MAX_CPU_WORKERS} on cpu (e.g. --gpus {min(4, cores)})",
+                field="--gpus",
+            )
+        name = cpu_model()
+    if launched:
+        if args.gpus and args.gpus != launched[1]:
+            raise ScenarioError(
+                f"{args.gpus} given but torchrun started WORLD_SIZE={launched[1]}; must match (or drop --gpus)",
+                field="--gpus",
+            )
+        world = launched[1]
+    default_name = f"{device}-{slug(name)}" + (f"-x{world}" if device == "cuda" else "") + ".json"
+    out = args.out or DEFAULT_OUT_DIR / default_name
+    if out.is_dir() or str(out).endswith(os.sep):
+        out = out / default_name
+    elif out.suffix != ".json":
+        raise ScenarioError(
+            f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/{default_name})",
+            field="--out",
+        )
+    return CalibrationOptions(device=device, world=world, out=out, sections=args.only, resume=args.resume)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from calibrate.profile import load_profile
+    from calibrate.report import format_report, plot_profile
+
+    profile = load_profile(args.report, field="--report")
+    png = args.out
+    if png is None:
+        png = args.report.with_suffix(".png")
+    elif png.is_dir():
+        png = png / (args.report.stem + ".png")
+    elif png.suffix != ".png":
+        raise ScenarioError(
+            f"{str(png)!r} with --report must be a .png file or an existing folder (e.g. --out fits.png)",
+            field="--out",
+        )
+    print(format_report(profile, str(args.report)))
+    print(f"plot: {plot_profile(profile, png)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `dtsim calibrate` with ``argv`` (the arguments after 'calibrate'); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+
+    from calibrate.launch import CalibrationError, torchrun_env
+
+    out = None
+    try:
+        if args.report is not None:
+            return _report(args)
+        opts = _resolve(args)
+        out = opts.out
+        from calibrate.run import run_calibration
+
+        run_calibration(opts, make_config(opts.device, args.quick), argv)
+        if (torchrun_env() or (0, 1))[0] == 0:
+            print(f"profile: {out}")
+        return 0
+    except ScenarioError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except CalibrationError as exc:
+        kept = f"; finished sections are kept in {out} (rerun with --resume)" if out and out.exists() else ""
+        print(f"{PROG}: error: {exc}{kept}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        kept = f"; finished sections are kept in {out} (rerun with --resume)" if out and out.exists() else ""
+        print(f"{PROG}: interrupted{kept}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

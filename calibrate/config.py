@@ -1,0 +1,218 @@
+"""What a calibration run measures: shapes, sizes, dtypes and timing effort, per device and mode.
+
+Kept as plain data so the CLI, the tests (with a tiny sweep) and the report all read the same sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from sim.units import KiB, MiB
+
+GEMM = "gemm"
+MEMORY = "memory"
+COLLECTIVES = "collectives"
+SECTIONS = (GEMM, MEMORY, COLLECTIVES)
+
+COLLECTIVE_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv")
+MEMBW_KERNELS = ("copy", "add", "mul", "gelu")
+
+Shape = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to time one kernel: warm-up calls, timed repeats (median taken), batch length."""
+
+    warmup: int = 3
+    repeats: int = 7
+    min_batch_s: float = 0.002  # calls are batched until one timed sample lasts this long
+    max_inner: int = 200  # upper bound on calls per timed sample
+    rotate_bytes: int = 256 * MiB  # rotate input buffers until they span this many bytes (beats caches)
+    max_buffers: int = 256
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    """Collective sweep: sizes (bytes of the full buffer, nccl-tests convention) and timing effort."""
+
+    ops: tuple[str, ...] = COLLECTIVE_OPS
+    sizes_bytes: tuple[int, ...] = ()
+    warmup: int = 3
+    repeats: int = 5
+    target_bytes: int = (
+        64 * MiB
+    )  # iterations per sample ≈ target_bytes / size (nccl-tests style back-to-back)
+    max_iters: int = 20
+    group_sizes: tuple[int, ...] | None = None  # None: powers of two up to the world size, plus the world
+    startup_timeout_s: float = 180.0  # workers must connect within this
+    stall_timeout_s: float = 300.0  # no progress for this long ends the run
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything one run measures. ``name`` is recorded in the profile (full / quick / tiny)."""
+
+    name: str
+    gemm_shapes: tuple[Shape, ...]
+    gemm_dtypes: tuple[str, ...]
+    membw_sizes_bytes: tuple[int, ...]
+    membw_dtypes: tuple[str, ...]
+    membw_kernels: tuple[str, ...] = MEMBW_KERNELS
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    collectives: CollectiveConfig = field(default_factory=CollectiveConfig)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def transformer_gemm_shapes(
+    hiddens: tuple[int, ...], tokens: tuple[int, ...], vocab: int | None
+) -> list[Shape]:
+    """(m, n, k) of a transformer layer's GEMMs: forward, input-gradient and weight-gradient passes.
+
+    C[m,n] = A[m,k] @ B[k,n]. For a linear layer y = x W (x: tokens × d_in, W: d_in × d_out):
+    forward (T, d_out, d_in); input grad (T, d_in, d_out); weight grad (d_in, d_out, T).
+    """
+    shapes: list[Shape] = []
+    for h in hiddens:
+        linears = [(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)]  # QKV, out-proj, MLP up, MLP down
+        if vocab:
+            linears.append((h, vocab))
+        for t in tokens:
+            for d_in, d_out in linears:
+                shapes += [(t, d_out, d_in), (t, d_in, d_out), (d_in, d_out, t)]
+    return shapes
+
+
+def grid_gemm_shapes(values: tuple[int, ...]) -> list[Shape]:
+    """A regular grid over m, n, k so off-transformer shapes interpolate too."""
+    return [(m, n, k) for m in values for n in values for k in values]
+
+
+def skinny_gemm_shapes(ms: tuple[int, ...], nks: tuple[int, ...]) -> list[Shape]:
+    """Small-batch linear layers: (m, n, k) with few rows, and their weight gradients (n, k, m)."""
+    shapes = []
+    for m in ms:
+        for n in nks:
+            for k in nks:
+                shapes += [(m, n, k), (n, k, m)]
+    return shapes
+
+
+def _unique(shapes: list[Shape]) -> tuple[Shape, ...]:
+    return tuple(sorted(set(shapes), key=lambda s: (s[0] * s[1] * s[2], s)))
+
+
+def _pow2_sizes(lo: int, hi: int, step: int) -> tuple[int, ...]:
+    sizes, s = [], lo
+    while s <= hi:
+        sizes.append(s)
+        s *= step
+    return tuple(sizes)
+
+
+def make_config(device: str, quick: bool) -> SweepConfig:
+    """The sweep for ``device`` ('cuda' or 'cpu'); ``quick`` keeps it to a couple of minutes."""
+    if device == "cuda":
+        if quick:
+            shapes = (
+                transformer_gemm_shapes((2048, 8192), (4096,), None)
+                + grid_gemm_shapes((256, 2048, 8192))
+                + skinny_gemm_shapes((16, 64), (1024, 8192))
+            )
+            return SweepConfig(
+                name="quick",
+                gemm_shapes=_unique(shapes),
+                gemm_dtypes=("fp32", "tf32", "bf16", "fp16", "fp8"),
+                membw_sizes_bytes=_pow2_sizes(256 * KiB, 1024 * MiB, 16),
+                membw_dtypes=("bf16",),
+                timing=TimingConfig(warmup=2, repeats=5, min_batch_s=0.001, max_inner=100),
+                collectives=CollectiveConfig(
+                    sizes_bytes=_pow2_sizes(KiB, 1024 * MiB, 8), warmup=2, repeats=3
+                ),
+            )
+        shapes = (
+            transformer_gemm_shapes((1024, 2048, 4096, 8192, 12288), (2048, 8192), 50304)
+            + grid_gemm_shapes((128, 512, 2048, 8192))
+            + skinny_gemm_shapes((8, 32), (1024, 4096, 16384))
+            + [(s, s, s) for s in (64, 256, 1024, 4096, 16384)]
+        )
+        return SweepConfig(
+            name="full",
+            gemm_shapes=_unique(shapes),
+            gemm_dtypes=("fp32", "tf32", "bf16", "fp16", "fp8"),
+            membw_sizes_bytes=_pow2_sizes(64 * KiB, 2048 * MiB, 4),
+            membw_dtypes=("fp32", "bf16"),
+            collectives=CollectiveConfig(sizes_bytes=_pow2_sizes(KiB, 1024 * MiB, 2)),
+        )
+    if device != "cpu":
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if quick:
+        shapes = (
+            transformer_gemm_shapes((256, 768), (512,), None)
+            + grid_gemm_shapes((64, 256, 1024))
+            + skinny_gemm_shapes((16,), (256, 1024))
+        )
+        return SweepConfig(
+            name="quick",
+            gemm_shapes=_unique(shapes),
+            gemm_dtypes=("fp32", "bf16"),
+            membw_sizes_bytes=_pow2_sizes(64 * KiB, 64 * MiB, 4),
+            membw_dtypes=("fp32",),
+            timing=TimingConfig(warmup=2, repeats=5, min_batch_s=0.002, max_inner=20, rotate_bytes=64 * MiB),
+            collectives=CollectiveConfig(
+                sizes_bytes=_pow2_sizes(KiB, 64 * MiB, 4), warmup=3, repeats=5, target_bytes=16 * MiB
+            ),
+        )
+    shapes = (
+        transformer_gemm_shapes((512, 1024, 2048), (512, 2048), None)
+        + grid_gemm_shapes((64, 256, 1024, 2048))
+        + skinny_gemm_shapes((8, 32), (256, 1024, 2048))
+        + [(s, s, s) for s in (32, 128, 512, 4096)]
+    )
+    return SweepConfig(
+        name="full",
+        gemm_shapes=_unique(shapes),
+        gemm_dtypes=("fp32", "bf16"),
+        membw_sizes_bytes=_pow2_sizes(16 * KiB, 256 * MiB, 4),
+        membw_dtypes=("fp32", "bf16"),
+        timing=TimingConfig(warmup=2, repeats=5, min_batch_s=0.005, max_inner=50, rotate_bytes=128 * MiB),
+        collectives=CollectiveConfig(sizes_bytes=_pow2_sizes(KiB, 256 * MiB, 2), target_bytes=16 * MiB),
+    )
+
+
+def tiny_config(device: str = "cpu") -> SweepConfig:
+    """A few-second sweep for tests: same code paths, fewer and smaller points."""
+    return SweepConfig(
+        name="tiny",
+        gemm_shapes=_unique(grid_gemm_shapes((32, 128)) + [(256, 256, 256)]),
+        gemm_dtypes=("fp32", "bf16") if device == "cpu" else ("fp32", "tf32", "bf16"),
+        membw_sizes_bytes=(16 * KiB, 256 * KiB, 4 * MiB),
+        membw_dtypes=("fp32",),
+        membw_kernels=("copy", "add"),
+        timing=TimingConfig(warmup=1, repeats=3, min_batch_s=0.0005, max_inner=10, rotate_bytes=8 * MiB),
+        collectives=CollectiveConfig(
+            ops=COLLECTIVE_OPS,
+            sizes_bytes=(KiB, 16 * KiB, 256 * KiB, 4 * MiB),
+            warmup=1,
+            repeats=3,
+            target_bytes=MiB,
+            max_iters=5,
+            startup_timeout_s=120.0,
+            stall_timeout_s=60.0,
+        ),
+    )
+
+
+def group_sizes_for(world: int, requested: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Group sizes to measure: powers of two from 2 up to ``world``, plus ``world`` itself."""
+    if requested is not None:
+        return tuple(sorted({g for g in requested if 2 <= g <= world}))
+    sizes, g = [], 2
+    while g <= world:
+        sizes.append(g)
+        g *= 2
+    if world >= 2 and world not in sizes:
+        sizes.append(world)
+    return tuple(sizes)

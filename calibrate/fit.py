@@ -1,0 +1,311 @@
+"""Models fitted to raw measurements: α–β collectives, GEMM throughput over shape, bandwidth over size.
+
+Pure numpy (no torch): the simulator's calibrated cost model and the report use these directly.
+
+Collectives are fitted in the closed form of the algorithm, T = a(p)·α + b(p)·N/B, with (a, b):
+  all_reduce (ring)               2(p−1),  2(p−1)/p
+  all_gather, reduce_scatter      (p−1),   (p−1)/p
+  broadcast, reduce (pipelined)   (p−1),   1
+  send_recv                       1,       1
+so α is the per-step latency and B the per-link bandwidth (B is the nccl-tests bus bandwidth asymptote).
+The fit minimises relative error (small messages count as much as large ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sim.units import DTYPE_BYTES
+
+GEMM_NEIGHBOURS = 4  # inverse-distance weighting over this many nearest measured shapes (log space)
+
+
+def rms_max(errors: Iterable[float]) -> tuple[float | None, float | None]:
+    """(RMS, max |e|) of relative errors; (None, None) when there are none (JSON has no NaN)."""
+    e = np.asarray(list(errors), dtype=float)
+    if e.size == 0:
+        return None, None
+    return float(np.sqrt(np.mean(e**2))), float(np.max(np.abs(e)))
+
+
+def closed_form_coeffs(op: str, p: int) -> tuple[float, float]:
+    """(a, b) with T = a·α + b·N/B for ``op`` over ``p`` ranks and N bytes (nccl-tests size)."""
+    if op == "all_reduce":
+        return 2.0 * (p - 1), 2.0 * (p - 1) / p
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return float(p - 1), (p - 1) / p
+    if op in ("broadcast", "reduce"):
+        return float(p - 1), 1.0
+    if op == "send_recv":
+        return 1.0, 1.0
+    raise ValueError(f"no closed form for collective {op!r}")
+
+
+CLOSED_FORM_TEXT = {
+    "all_reduce": "ring: T = 2(p-1)·α + 2(p-1)/p · N/B",
+    "all_gather": "ring: T = (p-1)·α + (p-1)/p · N/B",
+    "reduce_scatter": "ring: T = (p-1)·α + (p-1)/p · N/B",
+    "broadcast": "pipelined chain: T = (p-1)·α + N/B",
+    "reduce": "pipelined chain: T = (p-1)·α + N/B",
+    "send_recv": "point to point: T = α + N/B",
+}
+
+
+def predict_time_s(op: str, p: int, size_bytes: float, alpha_s: float, bandwidth_Bps: float | None) -> float:
+    a, b = closed_form_coeffs(op, p)
+    return a * alpha_s + (b * size_bytes / bandwidth_Bps if bandwidth_Bps else 0.0)
+
+
+def _solve_alpha_beta(a: np.ndarray, bn: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """Least squares of relative error for t ≈ a·α + bn·x (x = 1/B), with α ≥ 0 and x ≥ 0."""
+    design = np.column_stack([a / t, bn / t])
+    (alpha, x), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:  # latency negligible at these sizes: bandwidth term only
+        u = bn / t
+        alpha, x = 0.0, float(u.sum() / (u @ u))
+    if x < 0:  # bandwidth term negligible: latency only
+        u = a / t
+        alpha, x = float(u.sum() / (u @ u)), 0.0
+    return float(alpha), float(x)
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """An α–β fit and its quality (relative errors of time; LOO = leave-one-out prediction)."""
+
+    alpha_s: float
+    bandwidth_Bps: float | None  # None: no bandwidth term could be fitted
+    rel_rms: float
+    rel_max: float
+    loo_rel_rms: float | None  # None with fewer than 3 points
+    loo_rel_max: float | None
+    n_points: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_alpha_beta(op: str, p: int, sizes_bytes: Iterable[float], times_s: Iterable[float]) -> AlphaBetaFit:
+    """Fit α and B of ``op``'s closed form to measured (size, time) points."""
+    n = np.asarray(list(sizes_bytes), dtype=float)
+    t = np.asarray(list(times_s), dtype=float)
+    if len(n) < 2:
+        raise ValueError(f"{op} p={p}: need at least 2 points to fit α and B, got {len(n)}")
+    ca, cb = closed_form_coeffs(op, p)
+    a, bn = np.full_like(n, ca), cb * n
+
+    def rel_errors(alpha: float, x: float, idx=slice(None)) -> np.ndarray:
+        return (a[idx] * alpha + bn[idx] * x - t[idx]) / t[idx]
+
+    alpha, x = _solve_alpha_beta(a, bn, t)
+    err = rel_errors(alpha, x)
+    loo = []
+    if len(n) >= 3:
+        for i in range(len(n)):
+            keep = np.arange(len(n)) != i
+            al, xl = _solve_alpha_beta(a[keep], bn[keep], t[keep])
+            loo.append(float(rel_errors(al, xl, slice(i, i + 1))[0]))
+    rel_rms, rel_max = rms_max(err)
+    loo_rms, loo_max = rms_max(loo)
+    return AlphaBetaFit(
+        alpha_s=alpha,
+        bandwidth_Bps=1.0 / x if x > 0 else None,
+        rel_rms=rel_rms,
+        rel_max=rel_max,
+        loo_rel_rms=loo_rms,
+        loo_rel_max=loo_max,
+        n_points=len(n),
+    )
+
+
+def fit_collectives(measurements: list[dict]) -> list[dict]:
+    """One α–β fit per (op, scope, group size) of the collective section's measurements."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for m in measurements:
+        groups.setdefault((m["op"], m["scope"], m["group_size"]), []).append(m)
+    fits = []
+    for (op, scope, p), ms in sorted(groups.items()):
+        if len(ms) < 2:
+            continue
+        fit = fit_alpha_beta(op, p, [m["size_bytes"] for m in ms], [m["time_s"] for m in ms])
+        fits.append(
+            {
+                "op": op,
+                "scope": scope,
+                "group_size": p,
+                "model": CLOSED_FORM_TEXT[op],
+                **fit.as_dict(),
+                "size_range_bytes": [min(m["size_bytes"] for m in ms), max(m["size_bytes"] for m in ms)],
+            }
+        )
+    return fits
+
+
+# --------------------------------------------------------------------------------------------- GEMM
+
+
+def _idw(coords: np.ndarray, values: np.ndarray, q: np.ndarray, exclude: int | None) -> float:
+    """Inverse-distance weighting (power 2) over the nearest points; exact matches are averaged."""
+    d = np.linalg.norm(coords - q, axis=1)
+    if exclude is not None:
+        d[exclude] = np.inf
+    exact = d < 1e-9
+    if exact.any():
+        return float(np.mean(values[exact]))
+    order = np.argsort(d)[:GEMM_NEIGHBOURS]
+    order = order[np.isfinite(d[order])]
+    w = 1.0 / d[order] ** 2
+    return float(np.sum(w * values[order]) / np.sum(w))
+
+
+class ShapeTable:
+    """Achieved FLOP/s of one dtype's GEMMs, interpolated from the measured shapes.
+
+    With a shape: inverse-distance weighting of log throughput over the nearest measured shapes in
+    log2(m, n, k). Without one (a coarse op that only knows FLOPs and bytes): the same over
+    (log2 FLOPs, 2·log2 arithmetic intensity), where intensity = FLOPs / bytes of A, B and C; this tells a
+    skinny small-batch GEMM from a square one of equal FLOPs, which a cube-shaped stand-in cannot.
+    Outside the measured range the same rule extrapolates and the lookup says so. No GEMM is predicted
+    faster than the fastest one measured (launch / latency floor).
+    """
+
+    INTENSITY_WEIGHT = 2.0  # throughput depends more on intensity than on size; fitted on CPU and GPU sweeps
+
+    def __init__(self, points: list[list[float]], min_time_s: float, elem_bytes: float = 2.0):
+        arr = np.asarray(points, dtype=float)
+        m, n, k = arr[:, 0], arr[:, 1], arr[:, 2]
+        self.coords = np.log2(arr[:, :3])
+        self.log_tput = np.log(arr[:, 3])
+        self.lo = self.coords.min(axis=0)
+        self.hi = self.coords.max(axis=0)
+        flops = 2.0 * m * n * k
+        intensity = flops / (elem_bytes * (m * k + k * n + m * n))
+        self.fi_coords = np.column_stack([np.log2(flops), self.INTENSITY_WEIGHT * np.log2(intensity)])
+        self.fi_lo = self.fi_coords.min(axis=0)
+        self.fi_hi = self.fi_coords.max(axis=0)
+        self.min_time_s = float(min_time_s)
+
+    def flops_per_s(self, m: float, n: float, k: float, exclude: int | None = None) -> tuple[float, bool]:
+        """(achieved FLOP/s, extrapolated?) for one (m, n, k) GEMM."""
+        q = np.log2(np.maximum([m, n, k], 1.0))
+        extrapolated = bool(np.any(q < self.lo - 1e-9) or np.any(q > self.hi + 1e-9))
+        return float(np.exp(_idw(self.coords, self.log_tput, q, exclude))), extrapolated
+
+    def flops_per_s_by_intensity(
+        self, flops: float, nbytes: float, exclude: int | None = None
+    ) -> tuple[float, bool]:
+        """(achieved FLOP/s, extrapolated?) for a GEMM known only by its FLOPs and bytes moved."""
+        q = np.array(
+            [math.log2(max(flops, 1.0)), self.INTENSITY_WEIGHT * math.log2(max(flops / nbytes, 1e-9))]
+        )
+        extrapolated = bool(np.any(q < self.fi_lo - 1e-9) or np.any(q > self.fi_hi + 1e-9))
+        return float(np.exp(_idw(self.fi_coords, self.log_tput, q, exclude))), extrapolated
+
+    def time_s(self, m: float, n: float, k: float) -> tuple[float, bool]:
+        tput, extrapolated = self.flops_per_s(m, n, k)
+        return max(2.0 * m * n * k / tput, self.min_time_s), extrapolated
+
+
+def gemm_tables(measurements: list[dict]) -> dict[str, dict]:
+    """Per dtype: measured (m, n, k, FLOP/s) points, ranges, best throughput, leave-one-out errors."""
+    by_dtype: dict[str, list[dict]] = {}
+    for m in measurements:
+        by_dtype.setdefault(m["dtype"], []).append(m)
+    tables = {}
+    for dtype, ms in sorted(by_dtype.items()):
+        points = [[m["m"], m["n"], m["k"], m["flops_per_s"]] for m in ms]
+        min_time_s = min(m["time_s"] for m in ms)
+        table = {
+            "points": points,
+            "elem_bytes": DTYPE_BYTES.get(dtype, 2),
+            "min_time_s": min_time_s,
+            "max_flops_per_s": max(p[3] for p in points),
+            "range": {ax: [min(m[ax] for m in ms), max(m[ax] for m in ms)] for ax in ("m", "n", "k")},
+            "interpolation": "inverse-distance weighting of log FLOP/s over the 4 nearest shapes in log2(m,n,k); "
+            "shapeless ops: over (log2 FLOPs, 2·log2 intensity)",
+        }
+        table.update(_gemm_loo(points, min_time_s, table["elem_bytes"]))
+        tables[dtype] = table
+    return tables
+
+
+def _gemm_loo(points: list[list[float]], min_time_s: float, elem_bytes: float) -> dict:
+    """Leave-one-out relative time error of both interpolations (by shape; by FLOPs and intensity)."""
+    if len(points) < 2:
+        return {"loo_rel_rms": None, "loo_rel_max": None, "loo_intensity_rel_rms": None}
+    st = ShapeTable(points, min_time_s, elem_bytes)
+    errs, errs_fi = [], []
+    for i, (m, n, k, tput) in enumerate(points):
+        pred, _ = st.flops_per_s(m, n, k, exclude=i)
+        errs.append(tput / pred - 1.0)  # time_pred / time_true − 1
+        flops, nbytes = 2.0 * m * n * k, elem_bytes * (m * k + k * n + m * n)
+        pred_fi, _ = st.flops_per_s_by_intensity(flops, nbytes, exclude=i)
+        errs_fi.append(tput / pred_fi - 1.0)
+    loo_rms, loo_max = rms_max(errs)
+    return {"loo_rel_rms": loo_rms, "loo_rel_max": loo_max, "loo_intensity_rel_rms": rms_max(errs_fi)[0]}
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+class BandwidthCurve:
+    """Achieved bytes/s over bytes moved: per kernel, log-log linear interpolation; the median of kernels.
+
+    Below the smallest measured size the time floor is the smallest measured time (latency bound);
+    above the largest the bandwidth of the largest size holds. Both count as extrapolation.
+    """
+
+    def __init__(self, kernels: dict[str, dict]):
+        self.curves = {
+            name: (np.log(np.asarray(c["bytes_moved"], float)), np.log(np.asarray(c["bytes_per_s"], float)))
+            for name, c in kernels.items()
+        }
+        self.lo = min(float(np.exp(x[0])) for x, _ in self.curves.values())
+        self.hi = max(float(np.exp(x[-1])) for x, _ in self.curves.values())
+        self.min_time_s = min(float(np.min(np.exp(x - y))) for x, y in self.curves.values())
+
+    def bytes_per_s(self, nbytes: float) -> tuple[float, bool]:
+        lx = math.log(max(nbytes, 1.0))
+        bws = [float(np.exp(np.interp(lx, x, y))) for x, y in self.curves.values()]
+        return float(np.median(bws)), not (self.lo * (1 - 1e-9) <= nbytes <= self.hi * (1 + 1e-9))
+
+    def time_s(self, nbytes: float) -> tuple[float, bool]:
+        bw, extrapolated = self.bytes_per_s(nbytes)
+        return max(nbytes / bw, self.min_time_s), extrapolated
+
+
+def membw_table(measurements: list[dict]) -> dict:
+    """Per kernel (all dtypes pooled: bandwidth is per byte): sorted (bytes_moved, bytes/s) and LOO error."""
+    kernels: dict[str, dict[float, list[float]]] = {}
+    for m in measurements:
+        kernels.setdefault(m["kernel"], {}).setdefault(float(m["bytes_moved"]), []).append(m["bytes_per_s"])
+    curves = {}
+    for name, by_size in sorted(kernels.items()):
+        sizes = sorted(by_size)
+        curves[name] = {
+            "bytes_moved": sizes,
+            "bytes_per_s": [
+                float(np.exp(np.mean(np.log(by_size[s])))) for s in sizes
+            ],  # geometric mean of dtypes
+        }
+    if not curves:
+        return {}
+    errs = []
+    for c in curves.values():  # interior points predicted from their neighbours
+        x, y = np.log(c["bytes_moved"]), np.log(c["bytes_per_s"])
+        for i in range(1, len(x) - 1):
+            pred = np.interp(x[i], np.delete(x, i), np.delete(y, i))
+            errs.append(math.exp(y[i] - pred) - 1.0)
+    loo_rms, loo_max = rms_max(errs)
+    best = max(max(c["bytes_per_s"]) for c in curves.values())
+    return {
+        "kernels": curves,
+        "max_bytes_per_s": best,
+        "interpolation": "log-log linear in bytes moved per kernel; median over kernels",
+        "loo_rel_rms": loo_rms,
+        "loo_rel_max": loo_max,
+    }

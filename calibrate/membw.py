@@ -1,0 +1,84 @@
+"""Memory-bandwidth sweep: copy and elementwise kernels over sizes → achieved bytes/s.
+
+Elementwise ops in a training step (norms, activations, residual adds, optimizer updates) are bound by
+memory traffic, so the cost model prices them as bytes / achieved bandwidth at that size.
+"""
+
+from __future__ import annotations
+
+from calibrate.config import SweepConfig
+from calibrate.progress import progress_bar
+from calibrate.timing import buffer_sets, import_torch, time_kernel
+from sim.units import DTYPE_BYTES
+
+# Tensors each kernel touches: (inputs read, outputs written), each of the swept size.
+KERNEL_TENSORS = {"copy": (1, 1), "add": (2, 1), "mul": (2, 1), "gelu": (1, 1)}
+
+
+def _kernel_call(kernel: str, size_bytes: int, dtype: str, device: str, config: SweepConfig):
+    """Random input sets and a ``call(i)`` running ``kernel`` on set ``i`` into preallocated outputs."""
+    torch = import_torch()
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    numel = max(1, size_bytes // DTYPE_BYTES[dtype])
+    n_in, n_out = KERNEL_TENSORS[kernel]
+    n_sets = buffer_sets((n_in + n_out) * numel * DTYPE_BYTES[dtype], config.timing)
+    gen = torch.Generator(device=device).manual_seed(numel)
+    ins = [
+        [torch.randn(numel, device=device, dtype=tdtype, generator=gen) for _ in range(n_in)]
+        for _ in range(n_sets)
+    ]
+    outs = [torch.empty(numel, device=device, dtype=tdtype) for _ in range(n_sets)]
+    gelu_out = torch.ops.aten.gelu.out
+
+    def call(i: int):
+        a, out = ins[i], outs[i]
+        if kernel == "copy":
+            return out.copy_(a[0])
+        if kernel == "add":
+            return torch.add(a[0], a[1], out=out)
+        if kernel == "mul":
+            return torch.mul(a[0], a[1], out=out)
+        return gelu_out(a[0], approximate="tanh", out=out)
+
+    return call, n_sets, (n_in + n_out) * numel * DTYPE_BYTES[dtype]
+
+
+def measure_kernel(kernel: str, size_bytes: int, dtype: str, device: str, config: SweepConfig) -> dict:
+    """Time one kernel at one size; ``bytes_moved`` counts every tensor read and written once."""
+    call, n_sets, bytes_moved = _kernel_call(kernel, size_bytes, dtype, device, config)
+    timing = time_kernel(call, n_sets, device, config.timing)
+    return {
+        "kernel": kernel,
+        "dtype": dtype,
+        "size_bytes": size_bytes,
+        "bytes_moved": bytes_moved,
+        "time_s": timing.median_s,
+        "bytes_per_s": bytes_moved / timing.median_s,
+        "min_s": timing.min_s,
+        "max_s": timing.max_s,
+        "repeats": timing.repeats,
+        "inner": timing.inner,
+        "buffer_sets": n_sets,
+    }
+
+
+def run_membw(device: str, config: SweepConfig) -> dict:
+    """The memory section: every (kernel, dtype, size); an out-of-memory size becomes a skip."""
+    torch = import_torch()
+    measurements, skipped = [], []
+    points = [
+        (k, d, s) for d in config.membw_dtypes for k in config.membw_kernels for s in config.membw_sizes_bytes
+    ]
+    with progress_bar("memory", len(points)) as bar:
+        for kernel, dtype, size in points:
+            bar.set_postfix_str(f"{kernel} {dtype} {size}", refresh=False)
+            try:
+                measurements.append(measure_kernel(kernel, size, dtype, device, config))
+            except RuntimeError as exc:
+                skipped.append(
+                    {"kernel": kernel, "dtype": dtype, "size_bytes": size, "reason": str(exc)[:200]}
+                )
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            bar.update()
+    return {"measurements": measurements, "skipped": skipped}

@@ -1,0 +1,139 @@
+"""The calibration profile: one versioned JSON file with metadata, raw measurements and fitted models.
+
+Layout (schema_version 1)::
+
+    {"schema_version": 1, "kind": "dtsim-calibration-profile",
+     "metadata": {...device, versions, env, date, host, command...},
+     "run": {"device": "cpu"|"cuda", "sweep": "full"|"quick"|"tiny", "world_size": N, "sweep_config": {...}},
+     "sections": {"gemm": {"status": "done", "measurements": [...], ...},
+                  "memory": {...}, "collectives": {"status": "done"|"unmeasurable", ...}},
+     "fits": {"gemm": {dtype: {...}}, "memory": {...}, "collectives": [{op, scope, group_size, alpha_s, ...}]}}
+
+Writes are atomic (temp file in the same folder, fsync, os.replace) and happen after each section, so an
+interrupted run keeps what it finished. Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from calibrate.config import COLLECTIVES, GEMM, MEMORY
+from calibrate.fit import fit_collectives, gemm_tables, membw_table
+from sim.errors import ScenarioError
+
+SCHEMA_VERSION = 1
+PROFILE_KIND = "dtsim-calibration-profile"
+FINISHED = ("done", "unmeasurable")
+
+
+def new_profile(metadata: dict, run: dict) -> dict:
+    """An empty profile for a run; sections are added as they finish."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": PROFILE_KIND,
+        "metadata": metadata,
+        "run": run,
+        "sections": {},
+        "fits": {},
+    }
+
+
+def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
+    """Read and check a profile; a missing, unreadable or incompatible file is the user's mistake.
+
+    ``field`` names where the path came from in error messages (a scenario key, a CLI option)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(
+            f"file {str(p)!r} does not exist; run `dtsim calibrate --out {p}` first", field=field
+        )
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ScenarioError(
+            f"{str(p)!r} is not valid JSON ({exc}); re-run `dtsim calibrate` to rewrite it", field=field
+        ) from exc
+    if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
+        raise ScenarioError(
+            f"{str(p)!r} is not a dtsim calibration profile (kind != {PROFILE_KIND!r})", field=field
+        )
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ScenarioError(
+            f"{str(p)!r} has schema_version {version!r}, this dtsim reads {SCHEMA_VERSION}; "
+            "re-run `dtsim calibrate` to measure a new profile",
+            field=field,
+        )
+    for key in ("metadata", "run", "sections", "fits"):
+        if not isinstance(data.get(key), dict):
+            raise ScenarioError(f"{str(p)!r} lacks the {key!r} object; re-run `dtsim calibrate`", field=field)
+    return data
+
+
+def save_profile(profile: dict, path: str | os.PathLike) -> Path:
+    """Write the profile atomically (see write_json_atomic)."""
+    return write_json_atomic(profile, path)
+
+
+def write_json_atomic(data: dict, path: str | os.PathLike) -> Path:
+    """Write atomically: a reader (or a crash) sees the old file or the new one, never half of one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=1, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def finished_sections(profile: dict) -> set[str]:
+    """Sections a --resume run can skip."""
+    return {name for name, s in profile["sections"].items() if s.get("status") in FINISHED}
+
+
+def record_section(profile: dict, name: str, section: dict, wall_s: float) -> None:
+    """Store a finished section (with its wall time and finish date) and refresh the fits."""
+    section = dict(section)
+    section.setdefault("status", "done")
+    section["wall_s"] = round(wall_s, 3)
+    section["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    profile["sections"][name] = section
+    refit(profile)
+
+
+def refit(profile: dict) -> None:
+    """Recompute every fit from the raw measurements (cheap; keeps fits consistent with the data)."""
+    fits: dict = {}
+    sections = profile["sections"]
+    if sections.get(GEMM, {}).get("measurements"):
+        fits[GEMM] = gemm_tables(sections[GEMM]["measurements"])
+    if sections.get(MEMORY, {}).get("measurements"):
+        fits[MEMORY] = membw_table(sections[MEMORY]["measurements"])
+    if COLLECTIVES in sections:
+        fits[COLLECTIVES] = fit_collectives(sections[COLLECTIVES].get("measurements", []))
+    profile["fits"] = fits
+
+
+def device_name(profile: dict) -> str:
+    """The measured device as one string (GPU name, or CPU model)."""
+    md = profile.get("metadata", {})
+    return str(md.get("device_name") or md.get("cpu_model") or "unknown device")

@@ -1,0 +1,136 @@
+"""One calibration run: measure the requested sections in order, saving the profile after each.
+
+``run_calibration`` is the programmatic entry (the CLI and the tests call it); it never parses argv.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.collectives import format_table, run_in_process, run_local, unmeasurable
+from calibrate.config import COLLECTIVES, GEMM, MEMORY, SECTIONS, SweepConfig
+from calibrate.launch import cpu_threads_per_device, torchrun_env
+from calibrate.profile import finished_sections, load_profile, new_profile, record_section, save_profile
+from calibrate.progress import note
+from calibrate.timing import import_torch
+from sim.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What the user asked for (already validated)."""
+
+    device: str  # "cuda" | "cpu"
+    world: int  # GPUs (cuda) or worker processes (cpu) for collectives
+    out: Path
+    sections: tuple[str, ...] = SECTIONS
+    resume: bool = False
+
+
+def _start_profile(opts: CalibrationOptions, config: SweepConfig, argv: list[str]) -> dict:
+    """A fresh profile, or the one on disk when resuming (after checking it describes the same run)."""
+    from calibrate.metadata import collect_metadata
+
+    run = {
+        "device": opts.device,
+        "sweep": config.name,
+        "world_size": opts.world,
+        "threads_per_device": cpu_threads_per_device(opts.world) if opts.device == "cpu" else None,
+        "sweep_config": config.as_dict(),
+    }
+    if opts.resume and opts.out.exists():
+        profile = load_profile(opts.out)
+        for key, want in (("device", opts.device), ("sweep", config.name), ("world_size", opts.world)):
+            have = profile["run"].get(key)
+            if have != want:
+                raise ScenarioError(
+                    f"profile {str(opts.out)!r} was measured with {key}={have!r} but this run asks {key}={want!r}; "
+                    "rerun with the same options, or without --resume to start a new profile",
+                    field="--resume",
+                )
+        profile["metadata"].setdefault("resumed", []).append(collect_metadata(opts.device, opts.world, argv))
+        return profile
+    if opts.resume:
+        note(f"--resume: {opts.out} does not exist yet, starting a new profile")
+    return new_profile(collect_metadata(opts.device, opts.world, argv), run)
+
+
+def _measure(name: str, opts: CalibrationOptions, config: SweepConfig, fault: str | None) -> dict | None:
+    """Run one section; None on a non-zero torchrun rank (rank 0 records the collectives)."""
+    if name in (GEMM, MEMORY):
+        from calibrate.gemm import run_gemm
+        from calibrate.membw import run_membw
+
+        with _device_threads(opts):
+            return (run_gemm if name == GEMM else run_membw)(opts.device, config)
+    launched = torchrun_env()
+    world = launched[1] if launched else opts.world
+    if world < 2:
+        why = "--gpus 1" if not launched else "WORLD_SIZE=1"
+        return unmeasurable(f"only one device ({why}): a collective needs at least 2 ranks", world)
+    if launched:
+        return run_in_process(opts.device, config.collectives)
+    return run_local(opts.device, world, config.collectives, fault=fault)
+
+
+@contextmanager
+def _device_threads(opts: CalibrationOptions):
+    """On CPU, measure kernels with one device's share of the cores (what each collective worker gets)."""
+    torch = import_torch()
+    before = torch.get_num_threads()
+    if opts.device == "cpu":
+        torch.set_num_threads(cpu_threads_per_device(opts.world))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _summary(name: str, section: dict) -> str:
+    if section.get("status") == "unmeasurable":
+        return f"{name}: not measurable ({section['reason']})"
+    n = len(section.get("measurements", []))
+    skipped = len(section.get("skipped", []))
+    return f"{name}: {n} measurements" + (f", {skipped} skipped" if skipped else "")
+
+
+def run_calibration(
+    opts: CalibrationOptions, config: SweepConfig, argv: list[str], fault: str | None = None
+) -> Path:
+    """Measure ``opts.sections`` (skipping finished ones with ``resume``), saving after each; returns the path.
+
+    Under torchrun every rank measures collectives first (they need all ranks); then rank 0 alone
+    measures GEMMs and memory and writes the profile. ``fault`` is for tests of the collective watchdog.
+    """
+    launched = torchrun_env()
+    rank = launched[0] if launched else 0
+    profile = _start_profile(opts, config, argv) if rank == 0 else None
+    done: set[str] = set()
+    if opts.resume and profile is not None:
+        done = finished_sections(profile)
+    elif opts.resume and opts.out.exists():  # other torchrun ranks read the same file (shared filesystem)
+        done = finished_sections(load_profile(opts.out))
+    todo = [s for s in SECTIONS if s in opts.sections and s not in done]
+    if rank == 0:
+        for name in sorted(set(opts.sections) & done):
+            note(f"{name}: already in {opts.out}, skipped (--resume)")
+    if launched:
+        todo.sort(key=lambda s: s != COLLECTIVES)
+    for name in todo:
+        if rank != 0 and name != COLLECTIVES:
+            continue
+        if rank == 0:
+            note(f"{name}: measuring on {opts.device} ({config.name} sweep)")
+        t0 = time.perf_counter()
+        section = _measure(name, opts, config, fault)
+        if section is None or profile is None:
+            continue
+        record_section(profile, name, section, time.perf_counter() - t0)
+        save_profile(profile, opts.out)
+        note(f"{_summary(name, section)} in {time.perf_counter() - t0:.1f} s; saved to {opts.out}")
+        if name == COLLECTIVES:
+            print(format_table(section), flush=True)
+    return opts.out

@@ -1,0 +1,511 @@
+"""`dtsim validate`: real small training jobs with torch vs the simulator running the same jobs.
+
+Jobs (an MLP of Linear layers, MSE loss, fused Adam; the same model in both worlds):
+  single    one device: forward, backward, optimizer (checks the calibrated compute costs)
+  ddp       data parallel over N devices with torch DistributedDataParallel (25 MB buckets)
+  pipeline  two stages, 1F1B, driven by the simulator's own schedule (sim.schedules) with send/recv
+The simulated job is the ``layers`` scenario of the same widths, batch and parallel layout, priced by the
+calibration profile (hardware figures in the scenario come from the profile too). A job passes when
+|simulated − measured| / measured ≤ tolerance; the command exits 1 when any job fails, so validation
+can gate a change. Results (samples, scenarios, errors) go to <out>/validate.json.
+
+Making the two worlds the same job: the network input requires a gradient so torch computes the first
+layer's input gradient, which the layer model counts; Adam is fused (one pass over its states, as the
+simulator's optimizer-bytes model assumes); on CPU every worker gets the profile's threads per device and
+glibc keeps freed buffers for reuse (as the CUDA caching allocator does), so steps do not page-fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from calibrate.launch import (
+    PROGRESS_TAG,
+    READY_TAG,
+    WORKER_FLAG,
+    CalibrationError,
+    cpu_threads_per_device,
+    init_distributed,
+    run_workers,
+    worker_entry,
+)
+from calibrate.timing import import_torch
+from sim.errors import ScenarioError
+
+PROG = "dtsim validate"
+JOBS = ("single", "ddp", "pipeline")
+# Allowed |simulated − measured| / measured. On CPU the bar is wider: gloo's communication threads and
+# the neighbouring workers share the cores and caches the calibration measured alone, an effect dtsim
+# does not model (GPUs keep NCCL and compute apart).
+DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.35}
+DDP_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, and the scenario's parallel.bucket_MB
+# On CPU, glibc returns large freed blocks to the OS, so every step page-faults fresh activation and
+# gradient buffers (a cost GPUs, with the CUDA caching allocator, do not pay and dtsim does not model).
+# These keep freed memory for reuse, as a caching allocator would.
+CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
+@dataclass(frozen=True)
+class ValidationJob:
+    """One real-vs-simulated comparison; the same numbers build the torch job and the scenario."""
+
+    name: str
+    dp: int
+    pp: int
+    widths: tuple[int, ...]
+    micro_batch: int
+    microbatches: int  # per replica per step
+    dtype: str  # fp32 | tf32
+    steps: int
+    warmup: int
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.microbatches * self.dp
+
+
+def jobs_for(
+    device: str,
+    world: int,
+    quick: bool,
+    steps: int | None,
+    only: tuple[str, ...],
+    widths: tuple[int, ...] | None = None,
+    micro_batch: int | None = None,
+) -> list[ValidationJob]:
+    """The jobs to run. Default sizes per device: CPU small, GPU large enough to be compute-bound.
+    The pipeline job splits the same batch into 4 micro-batches; ddp and pipeline need 2 devices."""
+    if device == "cuda":
+        default = ((4096,) * 5, 1024, "tf32") if quick else ((8192,) * 9, 2048, "tf32")
+    else:
+        default = ((1024,) * 5, 64, "fp32") if quick else ((2048,) * 5, 128, "fp32")
+    w, mb, dtype = widths or default[0], micro_batch or default[1], default[2]
+    n = steps or (5 if quick else 10)
+    warm = 2 if quick else 3
+    jobs = {
+        "single": ValidationJob("single", 1, 1, w, mb, 1, dtype, n, warm),
+        "ddp": ValidationJob("ddp", world, 1, w, mb, 1, dtype, n, warm),
+        "pipeline": ValidationJob("pipeline", 1, 2, w, max(1, mb // 4), 4, dtype, n, warm),
+    }
+    runnable = {name for name, job in jobs.items() if name == "single" or 2 <= job.world <= world}
+    return [jobs[name] for name in only if name in runnable]
+
+
+# --------------------------------------------------------------------------------------------- simulated
+
+
+def scenario_for(job: ValidationJob, profile: dict, profile_path: str) -> dict:
+    """The scenario mapping of ``job`` on the profiled device (hardware figures from the profile).
+
+    On a CPU whose cores all run a compute thread, gloo's communication threads have no core of their
+    own, so the all-reduce cannot overlap the backward pass; the scenario then sets overlap_grad_sync off.
+    """
+    fits, md, run = profile["fits"], profile["metadata"], profile["run"]
+    gpu = {
+        "name": f"profiled-{run.get('device')}",
+        "peak_tflops": {dtype: t["max_flops_per_s"] / 1e12 for dtype, t in fits.get("gemm", {}).items()}
+        or {"fp32": 1.0},
+        "memory_GB": (md.get("gpu_memory_bytes") or 64e9) / 1e9,
+        "memory_bandwidth_GBps": (fits.get("memory") or {}).get("max_bytes_per_s", 100e9) / 1e9,
+        "kernel_launch_us": 0.0,  # measured times already include launch costs
+    }
+    cluster: dict = {"nodes": 1, "gpus_per_node": job.world, "gpu": gpu}
+    links = [f for f in fits.get("collectives", []) if f["op"] == "all_reduce" and f.get("bandwidth_Bps")]
+    if links:
+        link = links[0]
+        cluster["intra_node"] = {
+            "name": "profiled",
+            "bandwidth_GBps": link["bandwidth_Bps"] / 1e9,
+            "latency_us": link["alpha_s"] * 1e6,
+        }
+    threads = run.get("threads_per_device") or 1
+    cores_busy = run.get("device") == "cpu" and threads * job.world >= (
+        md.get("usable_cores") or md.get("cpu_count") or 1
+    )
+    widths = zip(job.widths[:-1], job.widths[1:], strict=True)
+    layers = [
+        {
+            "name": f"fc{i}",
+            "params": a * b + b,
+            "forward_flops": 2.0 * a * b,
+            "activation_bytes": 2.0 * (a + b),
+        }
+        for i, (a, b) in enumerate(widths)
+    ]
+    parallel = {
+        "data": job.dp,
+        "tensor": 1,
+        "pipeline": job.pp,
+        "schedule": "1f1b",
+        "bucket_MB": DDP_BUCKET_MB,
+    }
+    training = {"global_batch": job.global_batch, "micro_batch": job.micro_batch, "precision": job.dtype}
+    return {
+        "name": f"validate-{job.name}",
+        "cluster": cluster,
+        "model": {"kind": "layers", "layers": layers},
+        "parallel": {**parallel, "overlap_grad_sync": not cores_busy},
+        "training": {**training, "optimizer": "adam"},
+        "calibration": profile_path,
+    }
+
+
+def simulate_job(job: ValidationJob, profile: dict, profile_path: str) -> tuple[dict, dict]:
+    """(scenario, summary) of the simulated job."""
+    from sim.api import run_scenario_dict
+
+    scenario = scenario_for(job, profile, profile_path)
+    return scenario, run_scenario_dict(scenario, calibration=profile_path)
+
+
+# --------------------------------------------------------------------------------------------- real (torch)
+
+
+def _adam(params):
+    """Fused Adam (one pass over the states), which the simulator's optimizer-bytes model describes;
+    torch's default multi-tensor Adam makes several passes."""
+    torch = import_torch()
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=1e-4, fused=True)
+    except (RuntimeError, TypeError):  # an older torch without fused Adam on this device
+        return torch.optim.Adam(params, lr=1e-4)
+
+
+def _train_step_fn(job: ValidationJob, rank: int, device) -> Callable[[], None]:
+    """Build this rank's part of the job and return one training step as a callable."""
+    torch = import_torch()
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from sim.parallel.layout import partition_layers
+    from sim.schedules.actions import build_schedule
+
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(a, b) for a, b in zip(job.widths[:-1], job.widths[1:], strict=True)]
+    gen = torch.Generator().manual_seed(rank + 1)
+    mb = job.micro_batch
+
+    def batch(width: int):
+        return torch.randn(mb, width, generator=gen).to(device)
+
+    if job.pp == 1:
+        model = torch.nn.Sequential(*linears).to(device)
+        if job.dp > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [device.index] if device.type == "cuda" else None
+            model = DDP(model, device_ids=ids, bucket_cap_mb=DDP_BUCKET_MB, gradient_as_bucket_view=True)
+        opt = _adam(model.parameters())
+        x, y = batch(job.widths[0]).requires_grad_(True), batch(job.widths[-1])
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            x.grad = None  # the input gradient is written, not accumulated, as in the simulated dgrad
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+
+        return step
+
+    stage = rank
+    ids = partition_layers(len(linears), job.pp)[stage]
+    module = torch.nn.Sequential(*[linears[i] for i in ids]).to(device)
+    opt = _adam(module.parameters())
+    actions = build_schedule("1f1b", job.pp, job.microbatches)[stage]
+    first, last = stage == 0, stage == job.pp - 1
+    w_in, w_out = job.widths[ids[0]], job.widths[ids[-1] + 1]
+    xs = [batch(w_in).requires_grad_(True) for _ in range(job.microbatches)] if first else []
+    ys = [batch(w_out) for _ in range(job.microbatches)] if last else []
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for x in xs:
+            x.grad = None
+        saved, pending = {}, []
+        for act in actions:
+            i = act.microbatch
+            if act.kind == "F":
+                if first:
+                    inp = xs[i]
+                else:
+                    inp = torch.empty(mb, w_in, device=device)
+                    dist.recv(inp, src=stage - 1)
+                    inp.requires_grad_(True)
+                out = module(inp)
+                if last:
+                    saved[i] = (inp, F.mse_loss(out, ys[i]) / job.microbatches)
+                else:
+                    saved[i] = (inp, out)
+                    sent = out.detach()
+                    pending.append((dist.isend(sent, dst=stage + 1), sent))
+            else:  # "B": input gradient and weight gradient together
+                inp, out = saved.pop(i)
+                if last:
+                    out.backward()
+                else:
+                    grad = torch.empty_like(out)
+                    dist.recv(grad, src=stage + 1)
+                    out.backward(grad)
+                if not first:
+                    pending.append((dist.isend(inp.grad, dst=stage - 1), inp.grad))
+        for work, _ in pending:
+            work.wait()
+        opt.step()
+
+    return step
+
+
+def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
+    """One rank of a real job: warm-up steps, then timed steps (slowest rank per step)."""
+    torch = import_torch()
+    import torch.distributed as dist
+
+    spec = ValidationJob(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["job"].items()})
+    torch.set_float32_matmul_precision("high" if spec.dtype == "tf32" else "highest")
+    rank, world, device, _ = init_distributed(job["device"], job["stall_timeout_s"] + 30)
+    try:
+        step = _train_step_fn(spec, rank, device)
+        total = spec.warmup + spec.steps
+        emit(f"{READY_TAG} {total}")
+        times = []
+        for s in range(total):
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if s >= spec.warmup:
+                times.append(time.perf_counter() - t0)
+            emit(f"{PROGRESS_TAG} {s + 1} {total} {spec.name} step {s + 1}")
+        worst = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        dist.barrier()
+        return {"step_times_s": worst.cpu().tolist()} if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def run_real(job: ValidationJob, device: str, threads: int | None, timeout_s: float) -> dict:
+    """Run ``job`` with torch on local workers (watched: a dead or hung worker is an error, not a hang)."""
+    payload = {"device": device, "job": asdict(job), "stall_timeout_s": timeout_s, "threads": threads}
+    return run_workers(
+        "calibrate.validate",
+        payload,
+        job.world,
+        desc=f"validate {job.name}",
+        startup_timeout_s=180.0,
+        stall_timeout_s=timeout_s,
+        env=CPU_ALLOCATOR_ENV if device == "cpu" else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------- command
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"got {value!r}; must be a whole number >= 1")
+    return n
+
+
+def _fraction(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < 10:
+        raise argparse.ArgumentTypeError(f"got {value!r}; must be a relative error > 0, e.g. 0.25 for 25%")
+    return x
+
+
+def _widths(value: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        widths = ()
+    if len(widths) < 2 or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {value!r}; must be 2 or more positive layer widths, e.g. 1024,1024,1024"
+        )
+    return widths
+
+
+def _jobs(value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    if not names or any(n not in JOBS for n in names):
+        raise argparse.ArgumentTypeError(
+            f"got {value!r}; must be a comma-separated subset of {','.join(JOBS)} (e.g. --only ddp)"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Run small real training jobs and compare with the simulator.")
+    p.add_argument(
+        "--profile", type=Path, required=True, help="calibration profile of this machine (dtsim calibrate)"
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: the profile's device")
+    p.add_argument(
+        "--gpus", type=_positive_int, default=None, help="devices (default: the profile's world size)"
+    )
+    p.add_argument("--only", type=_jobs, default=JOBS, help=f"jobs: {','.join(JOBS)}")
+    p.add_argument(
+        "--steps", type=_positive_int, default=None, help="timed steps per job (default 10, quick 5)"
+    )
+    p.add_argument("--quick", action="store_true", help="smaller model, fewer steps")
+    p.add_argument("--widths", type=_widths, default=None, help="MLP layer widths, e.g. 1024,1024,1024")
+    p.add_argument("--micro-batch", type=_positive_int, default=None, help="samples per device per step")
+    p.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=None,
+        help="allowed relative error (default: 0.25 on cuda, 0.35 on cpu)",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before giving up")
+    p.add_argument(
+        "--out", type=Path, default=None, help="result folder (default results/validate/<profile>)"
+    )
+    return p
+
+
+def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
+    from calibrate.profile import load_profile
+
+    profile = load_profile(args.profile, field="--profile")
+    measured_on = profile["run"].get("device")
+    device = args.device or measured_on
+    if device != measured_on:
+        raise ScenarioError(
+            f"{device!r} asked but {str(args.profile)!r} was measured on {measured_on!r}; "
+            f"validate on the device the profile describes (drop --device, or calibrate with --device {device})",
+            field="--device",
+        )
+    torch = import_torch()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError(f"'cuda' asked but torch {torch.__version__} sees no CUDA GPU", field="--device")
+    world = args.gpus or int(profile["run"].get("world_size") or 1)
+    if device == "cuda" and world > torch.cuda.device_count():
+        raise ScenarioError(
+            f"{world} asked but {torch.cuda.device_count()} GPU(s) visible; use --gpus {torch.cuda.device_count()}",
+            field="--gpus",
+        )
+    out = args.out or Path("results") / "validate" / args.profile.stem
+    return profile, device, world, out
+
+
+def _format(rows: list[dict], tolerance: float) -> str:
+    lines = [
+        f"{'job':<9} {'devices':>7} {'measured ms':>12} {'(min–max)':>17} {'simulated ms':>13} {'error':>7}  verdict",
+    ]
+    for r in rows:
+        m = r["measured"]
+        spread = "({:.1f}–{:.1f})".format(m["min_s"] * 1e3, m["max_s"] * 1e3)
+        lines.append(
+            f"{r['job']:<9} {r['devices']:>7} {m['median_s'] * 1e3:>12.2f} {spread:>17} "
+            f"{r['simulated_s'] * 1e3:>13.2f} {r['rel_error'] * 100:>6.1f}%  {'pass' if r['passed'] else 'FAIL'}"
+        )
+    lines.append(f"tolerance: |simulated − measured| / measured <= {tolerance:.0%}")
+    return "\n".join(lines)
+
+
+def _compare(
+    job: ValidationJob,
+    profile: dict,
+    args: argparse.Namespace,
+    device: str,
+    threads: int | None,
+    tolerance: float,
+) -> dict:
+    """Simulate ``job``, run it for real, and compare median step times."""
+    scenario, summary = simulate_job(job, profile, str(args.profile.resolve()))
+    t = run_real(job, device, threads, args.timeout)["step_times_s"]
+    measured = {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "samples_s": t}
+    sim_s = float(summary["step_time_s"])
+    err = (sim_s - measured["median_s"]) / measured["median_s"]
+    return {
+        "job": job.name,
+        "devices": job.world,
+        "spec": asdict(job),
+        "measured": measured,
+        "simulated_s": sim_s,
+        "rel_error": err,
+        "passed": abs(err) <= tolerance,
+        "scenario": scenario,
+        "cost_model": summary.get("cost_model"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`dtsim validate`: exit 0 when every job is within tolerance, 1 otherwise, 2 on bad arguments."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        profile, device, world, out = _resolve(args)
+        tolerance = args.tolerance or DEFAULT_TOLERANCE[device]
+        threads = None
+        if device == "cpu":  # each device gets the share of cores it had when the profile was measured
+            run = profile["run"]
+            threads = run.get("threads_per_device") or cpu_threads_per_device(run["world_size"])
+        jobs = jobs_for(device, world, args.quick, args.steps, args.only, args.widths, args.micro_batch)
+        rows = [_compare(job, profile, args, device, threads, tolerance) for job in jobs]
+    except ScenarioError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except CalibrationError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    skipped = [n for n in args.only if n not in {j.name for j in jobs}]
+    print(_format(rows, tolerance))
+    for name in skipped:
+        print(f"{name}: skipped (needs 2 devices, have {world})")
+    result = {
+        "profile": str(args.profile),
+        "device": device,
+        "tolerance": tolerance,
+        "command_line": " ".join(["dtsim", "validate", *argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "jobs": rows,
+        "skipped": skipped,
+    }
+    from calibrate.profile import write_json_atomic
+
+    path = write_json_atomic(result, out / "validate.json")
+    print(f"results: {path}")
+    return 0 if rows and all(r["passed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == WORKER_FLAG:
+        worker_entry(_worker_run, sys.argv[2])
+    sys.exit(main())

@@ -139,6 +139,8 @@ def scenario_for(job: ValidationJob, profile: dict, profile_path: str) -> dict:
             "params": a * b + b,
             "forward_flops": 2.0 * a * b,
             "activation_bytes": 2.0 * (a + b),
+            "in_features": a,
+            "out_features": b,
         }
         for i, (a, b) in enumerate(widths)
     ]

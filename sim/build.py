@@ -306,12 +306,12 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
 
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------
 def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    from sim.workload.layers import GenericLayer, generic_layer_ops
+    from sim.workload.layers import generic_layer_ops
 
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     b, dtype = tr.micro_batch, tr.precision
     gbytes, ebytes = _grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
-    specs = [GenericLayer(x.name, x.params, x.forward_flops, x.activation_bytes) for x in m.layers]
+    specs = m.to_layers()
     parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages)
     chunks = []
     single = 0.0

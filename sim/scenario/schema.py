@@ -501,6 +501,28 @@ class LayerSpec(_Strict):
     activation_bytes: float = Field(
         ge=0, description="activation bytes kept for backward per sample, counted at 16-bit precision"
     )
+    in_features: int | None = Field(
+        None, ge=1, description="for a linear layer: input width (with out_features, GEMMs get real shapes)"
+    )
+    out_features: int | None = Field(None, ge=1, description="for a linear layer: output width")
+
+    @model_validator(mode="after")
+    def _shape(self) -> LayerSpec:
+        if (self.in_features is None) != (self.out_features is None):
+            raise RuleError(
+                "in_features", show(self.in_features), "give both in_features and out_features or neither",
+                "add the missing one",
+            )
+        if self.in_features is not None:
+            expect = 2.0 * self.in_features * self.out_features
+            if abs(self.forward_flops - expect) > 0.01 * expect:
+                raise RuleError(
+                    "forward_flops", show(self.forward_flops),
+                    f"a {self.in_features}×{self.out_features} linear layer does 2·in·out = {expect:g} FLOPs "
+                    "per sample",
+                    f"set forward_flops: {expect:g}",
+                )
+        return self
 
 
 class LayersModel(_Strict):
@@ -537,7 +559,8 @@ class LayersModel(_Strict):
         """The workload's ``GenericLayer`` list for this model (imported late)."""
         from sim.workload.layers import GenericLayer
 
-        return [GenericLayer(**layer.model_dump()) for layer in self.layers]
+        return [GenericLayer(**{k: v for k, v in layer.model_dump().items() if v is not None})
+                for layer in self.layers]
 
 
 ModelSpec = Annotated[

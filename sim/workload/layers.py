@@ -30,6 +30,8 @@ class GenericLayer:
     params: int
     forward_flops: float
     activation_bytes: float
+    in_features: int | None = None  # a linear layer's shape, when known: GEMMs then carry (m, n, k)
+    out_features: int | None = None
 
 
 def generic_layer_ops(layer: GenericLayer, *, micro_batch: int, dtype: str) -> LayerOps:
@@ -47,17 +49,19 @@ def generic_layer_ops(layer: GenericLayer, *, micro_batch: int, dtype: str) -> L
     weight_bytes = float(layer.params * e)
     act_bytes = layer.activation_bytes * micro_batch * e / _REFERENCE_ACT_BYTES
 
-    def op(suffix: str, moved: float) -> Op:
-        return Op(name=f"{layer.name}{suffix}", kind=GEMM, flops=flops, bytes=moved, dtype=dtype)
+    def op(suffix: str, moved: float, shape: tuple[int, int, int]) -> Op:
+        m, n, k = shape if layer.in_features else (0, 0, 0)
+        return Op(name=f"{layer.name}{suffix}", kind=GEMM, flops=flops, bytes=moved, dtype=dtype, m=m, n=n, k=k)
 
+    b, fin, fout = micro_batch, layer.in_features or 0, layer.out_features or 0
     # Normalisation + activation (+ residual add) after each conv/linear, fused as cuDNN/XLA do: one more
     # read and write of the activations forward, and read activation + gradient, write gradient backward.
     norm_fwd = elementwise(f"{layer.name}.norm_act", 2 * act_bytes, dtype)
     norm_bwd = elementwise(f"{layer.name}.norm_act.bwd", 3 * act_bytes, dtype)
     return LayerOps(
-        forward=(Segment(ops=(op("", weight_bytes + act_bytes), norm_fwd)),),
-        backward_input=(Segment(ops=(norm_bwd, op(".dgrad", weight_bytes + 2 * act_bytes))),),
-        backward_weight=(op(".wgrad", 2 * weight_bytes + act_bytes),),
+        forward=(Segment(ops=(op("", weight_bytes + act_bytes, (b, fout, fin)), norm_fwd)),),
+        backward_input=(Segment(ops=(norm_bwd, op(".dgrad", weight_bytes + 2 * act_bytes, (b, fin, fout)))),),
+        backward_weight=(op(".wgrad", 2 * weight_bytes + act_bytes, (fin, fout, b)),),
     )
 
 

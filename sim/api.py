@@ -16,7 +16,7 @@ from sim.engine.timeline import Timeline
 from sim.engine.world import World
 from sim.metrics import simulated_peak_memory, training_summary
 
-SYMMETRY_AUTO_MIN_GPUS = 64  # below this, auto simulates every GPU (cheap, and exact by construction)
+SYMMETRY_AUTO_MIN_GPUS = 16  # below this, auto simulates every GPU (cheap, and every row in the charts)
 
 
 @dataclass

@@ -58,7 +58,11 @@ def simulate(scenario, calibration: str | Path | None = None) -> RunResult:
         "collectives": world.collectives_run,
         "spans": len(world.timeline.spans),
     })
-    result.summary["cost_model"] = cost.report()
+    report = cost.report()
+    result.summary["cost_model"] = report
+    if getattr(cost, "name", "") == "calibrated":
+        result.summary["calibration"] = {k: report.get(k) for k in ("profile", "device", "extrapolated_ops",
+                                                                    "fallbacks")}
     return result
 
 

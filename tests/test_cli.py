@@ -120,3 +120,18 @@ def test_python_dash_m_and_no_traceback_on_bad_input(tmp_path) -> None:
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert "nvlinks" in p.stderr
+
+
+def test_run_with_shipped_cpu_profile_reports_calibration(tmp_path, capsys) -> None:
+    prof = ROOT / "calibrate" / "profiles" / "cpu-amd-epyc.json"
+    assert main(["run", "scenarios/gpt3-1.3b-16xa100.yaml", "--calibration", str(prof), "--json", "--no-charts",
+                 "--out", str(tmp_path), "--set", "training.global_batch=4", "--set", "parallel.data=1",
+                 "--set", "parallel.tensor=4"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    cal = s["calibration"]
+    assert cal["profile"] == str(prof) and isinstance(cal["extrapolated_ops"], int)
+    # A CPU is far slower than an A100: the calibrated step is much longer than the datasheet one.
+    assert main(["run", "scenarios/gpt3-1.3b-16xa100.yaml", "--json", "--no-charts", "--out", str(tmp_path),
+                 "--set", "training.global_batch=4", "--set", "parallel.data=1", "--set", "parallel.tensor=4"]) == 0
+    roof = json.loads(capsys.readouterr().out)
+    assert "calibration" not in roof and s["step_time_s"] > 10 * roof["step_time_s"]

@@ -228,11 +228,12 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         recompute = ()
     act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
                   bytes_per_elem=ebytes)
-    # dtsim's attention op is fused (FlashAttention): the softmax scores (Korthikanti's 5as/h term) are
-    # never stored, so "none" keeps what selective recompute keeps; the paper's formulas hold for
-    # unfused attention and are what sim.memory computes.
-    stored = "selective" if ck.kind in ("none", "selective") else ck.kind
-    full_layer_act = mem.activation_bytes_per_layer(checkpointing="selective", **act_kw)
+    # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
+    # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
+    # as in the paper's Table 2.
+    flash = m.attention == "flash"
+    stored = "selective" if flash and ck.kind == "none" else ck.kind
+    full_layer_act = mem.activation_bytes_per_layer(checkpointing="selective" if flash else "none", **act_kw)
     ckpt_act = mem.activation_bytes_per_layer(checkpointing=stored, **act_kw)
     layer_params = tf.layer_params(d) / t
     # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).

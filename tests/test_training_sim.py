@@ -266,3 +266,27 @@ def test_zero_communication_volume_matches_rajbhandari() -> None:
     assert traffic(1) == pytest.approx(base, rel=1e-9)
     assert traffic(2) == pytest.approx(base, rel=1e-9)
     assert traffic(3) == pytest.approx(1.5 * base, rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_simulated_activation_memory_is_korthikanti_table2(sp: bool, ckpt: str) -> None:
+    """With standard attention, the memory track's per-micro-batch step on the middle stage equals
+    Korthikanti et al. (2022) Table 2 for that layer count, TP and SP case."""
+    s, b, h, a, t = 1024, 2, 1024, 16, 2
+    d = _tiny(parallel__sequence_parallel=sp, training__checkpointing=ckpt, simulation__symmetry="off",
+              parallel__data=2, parallel__tensor=2, parallel__pipeline=4, training__global_batch=16)
+    d["model"]["attention"] = "standard"
+    r = simulate(scenario_from_dict(d))
+    per_layer = {
+        ("none", False): s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): s * b * h * (34 / t + 5 * a * s / (h * t)),
+        ("selective", False): s * b * h * (10 + 24 / t),
+        ("selective", True): s * b * h * 34 / t,
+        ("full", False): 2 * s * b * h,
+        ("full", True): 2 * s * b * h / t,
+    }[(ckpt, sp)]
+    gpu = r.timeline.gpus[1 * 2 * 2]  # a stage-1 GPU: two transformer layers, no embedding or head
+    values = sorted({c.value for c in r.timeline.counters if c.gpu == gpu})
+    steps = {round(y - x) for x, y in zip(values, values[1:], strict=False)}
+    assert round(2 * per_layer) in steps

@@ -437,6 +437,11 @@ class TransformerModel(_Strict):
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
     position: Literal["learned", "rope"] = Field("learned", description="position embedding")
     tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
+    attention: Literal["flash", "standard"] = Field(
+        "flash",
+        description="flash: fused attention, softmax scores never stored; standard: scores kept for "
+        "backward (Korthikanti et al.'s 5as/h activation term)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -489,7 +494,9 @@ class TransformerModel(_Strict):
         return TransformerDims(**{f: getattr(self, f) for f in _DIM_FIELDS})
 
 
-_DIM_FIELDS = tuple(f for f in TransformerModel.model_fields if f not in ("kind", "preset", "name"))
+_DIM_FIELDS = tuple(
+    f for f in TransformerModel.model_fields if f not in ("kind", "preset", "name", "attention")
+)
 
 
 class LayerSpec(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.analytic import busbw_factor
 from sim.engine import collectives as coll
 from sim.engine.timeline import COMM, STREAM_COMM
 from sim.engine.world import World
@@ -79,7 +80,7 @@ def run_collectives(
             t = (world.env.now - t0) / iterations
             algbw = size / t / 1e9 if t > 0 else float("inf")
             results.append(
-                CollectiveResult(op, algorithm, p, int(size), t, algbw, algbw * coll.BUSBW_FACTOR[op](p), ch, transfers)
+                CollectiveResult(op, algorithm, p, int(size), t, algbw, algbw * busbw_factor(op, p), ch, transfers)
             )
 
     world.env.process(driver())

@@ -17,17 +17,6 @@ import simpy
 
 from sim.errors import ScenarioError
 
-# nccl-tests bus-bandwidth factors (reference.md).
-BUSBW_FACTOR = {
-    "all_reduce": lambda p: 2 * (p - 1) / p,
-    "all_gather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "all_to_all": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-    "reduce": lambda p: 1.0,
-    "send_recv": lambda p: 1.0,
-}
-
 # Which algorithms each collective supports; the first is the default.
 ALGORITHMS = {
     "all_reduce": ("ring", "tree", "hierarchical", "ps"),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sim.explore.runner import OK, run_jobs
 from sim.explore.table import (
+    METRIC_COLUMNS,
     METRICS,
     cell,
     csv_text,
@@ -22,42 +23,8 @@ from sim.explore.table import (
 )
 from sim.outputs.writers import atomic_write_text
 
-CSV_COLUMNS = [
-    "label",
-    "file",
-    "status",
-    "reason",
-    "name",
-    "gpu",
-    "num_gpus",
-    "intra_node",
-    "inter_node",
-    "data",
-    "tensor",
-    "pipeline",
-    "schedule",
-    "virtual_stages",
-    "zero",
-    "sequence_parallel",
-    "micro_batch",
-    "microbatches",
-    "checkpointing",
-    "precision",
-    "step_time_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "mfu",
-    "bubble_fraction",
-    "exposed_comm_s",
-    "peak_memory_GB",
-    "gpu_memory_GB",
-    "fits_in_memory",
-    "cost_per_step_usd",
-    "cost_per_1M_tokens_usd",
-    "time_to_train_days",
-    "cost_to_train_usd",
-    "energy_kWh_per_step",
-]
+CSV_COLUMNS = ["label", "file", "status", "reason", "name", "gpu", "intra_node", "inter_node",
+               "sequence_parallel", *METRIC_COLUMNS]
 
 
 def unique_labels(names: list[str]) -> list[str]:

@@ -19,36 +19,17 @@ from pathlib import Path
 
 from sim.errors import ScenarioError
 from sim.explore.runner import INVALID, NO_FIT, OK, first_line, run_jobs
-from sim.explore.table import csv_text, format_duration, setting_row, summary_row, text_table
+from sim.explore.table import (
+    METRIC_COLUMNS,
+    csv_text,
+    format_duration,
+    setting_row,
+    summary_row,
+    text_table,
+)
 from sim.outputs.writers import atomic_write_text
 
 MAX_POINTS = 10_000
-METRIC_COLUMNS = [
-    "num_gpus",
-    "data",
-    "tensor",
-    "pipeline",
-    "schedule",
-    "virtual_stages",
-    "zero",
-    "micro_batch",
-    "microbatches",
-    "checkpointing",
-    "precision",
-    "step_time_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "mfu",
-    "bubble_fraction",
-    "exposed_comm_s",
-    "peak_memory_GB",
-    "gpu_memory_GB",
-    "fits_in_memory",
-    "cost_per_step_usd",
-    "cost_per_1M_tokens_usd",
-    "time_to_train_days",
-    "energy_kWh_per_step",
-]
 
 
 @dataclass

@@ -154,3 +154,33 @@ def csv_text(rows: list[dict], columns: list[str]) -> str:
             ["" if r.get(c) is None else (repr(r[c]) if isinstance(r[c], float) else r[c]) for c in columns]
         )
     return buf.getvalue()
+
+
+# The figures a compare or sweep CSV reports for each run (summary_row's keys), in order.
+METRIC_COLUMNS = [
+    "num_gpus",
+    "data",
+    "tensor",
+    "pipeline",
+    "schedule",
+    "virtual_stages",
+    "zero",
+    "micro_batch",
+    "microbatches",
+    "checkpointing",
+    "precision",
+    "step_time_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "mfu",
+    "bubble_fraction",
+    "exposed_comm_s",
+    "peak_memory_GB",
+    "gpu_memory_GB",
+    "fits_in_memory",
+    "cost_per_step_usd",
+    "cost_per_1M_tokens_usd",
+    "time_to_train_days",
+    "cost_to_train_usd",
+    "energy_kWh_per_step",
+]

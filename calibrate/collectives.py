@@ -27,6 +27,7 @@ from calibrate.launch import (
     CalibrationError,
     cpu_threads_per_device,
     init_distributed,
+    keep_group,
     run_workers,
     torchrun_env,
     worker_entry,
@@ -196,7 +197,8 @@ def measure(
             "measurements": measurements,
         }
     finally:
-        dist.destroy_process_group()
+        if not keep_group(device_kind):
+            dist.destroy_process_group()
 
 
 def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:

@@ -30,6 +30,15 @@ class TimingConfig:
     max_inner: int = 200  # upper bound on calls per timed sample
     rotate_bytes: int = 256 * MiB  # rotate input buffers until they span this many bytes (beats caches)
     max_buffers: int = 256
+    passes: int = 1  # sweeps over all points; a point's figure is the median of its passes (timing.sweep)
+    # On CPU a sample in which the timing thread ran less than this share of the wall time was slowed by
+    # other processes (a shared machine); it is retaken, up to ``retakes`` extra samples per point.
+    cpu_share_min: float = 0.9
+    retakes: int = 5
+    # CPU kernel workers (calibrate.kernels) must connect within the first and report each point within the
+    # second; one point of the full sweep (a 4096³ GEMM on a CPU without fast bf16) can take minutes.
+    startup_timeout_s: float = 180.0
+    point_timeout_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,20 @@ class SweepConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepConfig:
+        """Inverse of ``as_dict`` (after a JSON round trip: lists back to tuples)."""
+
+        def tup(v):
+            return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+        fields = {k: tup(v) for k, v in d.items() if k not in ("timing", "collectives")}
+        return cls(
+            **fields,
+            timing=TimingConfig(**d["timing"]),
+            collectives=CollectiveConfig(**{k: tup(v) for k, v in d["collectives"].items()}),
+        )
 
 
 def transformer_gemm_shapes(
@@ -149,10 +172,15 @@ def make_config(device: str, quick: bool) -> SweepConfig:
     if device != "cpu":
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     if quick:
+        # Small-batch layers up to 2048 wide (as in the full sweep), with 16, 32 and 128 rows: the shapes of
+        # `dtsim validate`'s CPU jobs (default: 2048-wide layers, micro-batches of 128 or 32; --quick:
+        # 1024-wide, 64 or 16), so validation checks the concurrency and composition of a step rather than
+        # the interpolation between shapes, or an extrapolation below the fewest rows measured (FLOP/s
+        # changes steeply with few rows: 16 → 128 rows is 31 → 84 GFLOP/s on the 2-core EPYC VM).
         shapes = (
             transformer_gemm_shapes((256, 768), (512,), None)
             + grid_gemm_shapes((64, 256, 1024))
-            + skinny_gemm_shapes((16,), (256, 1024))
+            + skinny_gemm_shapes((16, 32, 128), (256, 1024, 2048))
         )
         return SweepConfig(
             name="quick",
@@ -160,7 +188,11 @@ def make_config(device: str, quick: bool) -> SweepConfig:
             gemm_dtypes=("fp32", "bf16"),
             membw_sizes_bytes=_pow2_sizes(64 * KiB, 64 * MiB, 4),
             membw_dtypes=("fp32",),
-            timing=TimingConfig(warmup=2, repeats=5, min_batch_s=0.002, max_inner=20, rotate_bytes=64 * MiB),
+            # Three passes of 2 samples: a shared VM's speed drifts for seconds at a time (by up to 1.6× on
+            # the 2-core EPYC VM); the median of three passes ignores one slow spell (timing.sweep).
+            timing=TimingConfig(
+                warmup=2, repeats=2, passes=3, min_batch_s=0.002, max_inner=20, rotate_bytes=64 * MiB
+            ),
             collectives=CollectiveConfig(
                 sizes_bytes=_pow2_sizes(KiB, 64 * MiB, 4), warmup=3, repeats=5, target_bytes=16 * MiB
             ),
@@ -177,7 +209,9 @@ def make_config(device: str, quick: bool) -> SweepConfig:
         gemm_dtypes=("fp32", "bf16"),
         membw_sizes_bytes=_pow2_sizes(16 * KiB, 256 * MiB, 4),
         membw_dtypes=("fp32", "bf16"),
-        timing=TimingConfig(warmup=2, repeats=5, min_batch_s=0.005, max_inner=50, rotate_bytes=128 * MiB),
+        timing=TimingConfig(
+            warmup=2, repeats=2, passes=3, min_batch_s=0.005, max_inner=50, rotate_bytes=128 * MiB
+        ),
         collectives=CollectiveConfig(sizes_bytes=_pow2_sizes(KiB, 256 * MiB, 2), target_bytes=16 * MiB),
     )
 
@@ -191,7 +225,15 @@ def tiny_config(device: str = "cpu") -> SweepConfig:
         membw_sizes_bytes=(16 * KiB, 256 * KiB, 4 * MiB),
         membw_dtypes=("fp32",),
         membw_kernels=("copy", "add"),
-        timing=TimingConfig(warmup=1, repeats=3, min_batch_s=0.0005, max_inner=10, rotate_bytes=8 * MiB),
+        timing=TimingConfig(
+            warmup=1,
+            repeats=2 if device == "cpu" else 3,
+            passes=2 if device == "cpu" else 1,
+            min_batch_s=0.0005,
+            max_inner=10,
+            rotate_bytes=8 * MiB,
+            point_timeout_s=60.0,
+        ),
         collectives=CollectiveConfig(
             ops=COLLECTIVE_OPS,
             sizes_bytes=(KiB, 16 * KiB, 256 * KiB, 4 * MiB),

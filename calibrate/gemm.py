@@ -6,7 +6,16 @@ from collections.abc import Callable, Iterable
 
 from calibrate.config import SweepConfig
 from calibrate.progress import progress_bar
-from calibrate.timing import buffer_sets, import_torch, time_kernel
+from calibrate.timing import (
+    Lockstep,
+    buffer_sets,
+    carve,
+    clear_pools,
+    import_torch,
+    set_up_point,
+    sweep,
+    time_kernel,
+)
 from sim.units import DTYPE_BYTES
 
 FP8_ALIGN = 16  # torch._scaled_mm needs every dimension to be a multiple of 16
@@ -60,9 +69,14 @@ def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Ca
     tdtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         dtype
     ]
-    a_sets = [torch.randn(m, k, device=device, dtype=tdtype, generator=gen) for _ in range(n_sets)]
-    b_sets = [torch.randn(k, n, device=device, dtype=tdtype, generator=gen) for _ in range(n_sets)]
-    c_sets = [torch.empty(m, n, device=device, dtype=tdtype) for _ in range(n_sets)]
+    if device == "cpu":
+        ins = carve(tdtype, "in", [(m, k), (k, n)] * n_sets)
+        a_sets, b_sets = ins[0::2], ins[1::2]
+        c_sets = carve(tdtype, "out", [(m, n)] * n_sets)
+    else:
+        a_sets = [torch.randn(m, k, device=device, dtype=tdtype, generator=gen) for _ in range(n_sets)]
+        b_sets = [torch.randn(k, n, device=device, dtype=tdtype, generator=gen) for _ in range(n_sets)]
+        c_sets = [torch.empty(m, n, device=device, dtype=tdtype) for _ in range(n_sets)]
 
     def call(i: int):
         return torch.matmul(a_sets[i], b_sets[i], out=c_sets[i])
@@ -70,14 +84,18 @@ def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Ca
     return call, n_sets
 
 
-def measure_gemm(m: int, n: int, k: int, dtype: str, device: str, config: SweepConfig) -> dict:
-    """Time one GEMM shape; returns the raw measurement record."""
+def measure_gemm(
+    m: int, n: int, k: int, dtype: str, device: str, config: SweepConfig, lockstep: Lockstep | None = None
+) -> dict:
+    """Time one GEMM shape; returns the raw measurement record. ``lockstep``: see timing.time_kernel."""
     torch = import_torch()
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:
-        call, n_sets = _matmul_call(m, n, k, dtype, device, lambda b: buffer_sets(b, config.timing))
-        timing = time_kernel(call, n_sets, device, config.timing)
+        call, n_sets = set_up_point(
+            lambda: _matmul_call(m, n, k, dtype, device, lambda b: buffer_sets(b, config.timing)), lockstep
+        )
+        timing = time_kernel(call, n_sets, device, config.timing, lockstep)
     finally:
         torch.set_float32_matmul_precision(previous)
     flops = 2.0 * m * n * k
@@ -94,24 +112,35 @@ def measure_gemm(m: int, n: int, k: int, dtype: str, device: str, config: SweepC
         "repeats": timing.repeats,
         "inner": timing.inner,
         "buffer_sets": n_sets,
+        "retaken": timing.retaken,
+        "disturbed": timing.disturbed,
     }
 
 
-def run_gemm(device: str, config: SweepConfig) -> dict:
-    """The GEMM section: every (shape, dtype) of the sweep; failures (OOM, unsupported) become skips."""
-    torch = import_torch()
+def run_gemm(
+    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress=progress_bar
+) -> dict:
+    """The GEMM section: every (shape, dtype) of the sweep, in ``config.timing.passes`` passes (see
+    timing.sweep); failures (OOM, unsupported) become skips.
+
+    ``lockstep`` and ``progress`` are for concurrent CPU workers (calibrate.kernels)."""
     dtypes, skipped = available_dtypes(device, config.gemm_dtypes)
-    measurements = []
-    with progress_bar("gemm", len(dtypes) * len(config.gemm_shapes)) as bar:
-        for dtype in dtypes:
-            for m, n, k in config.gemm_shapes:
-                bar.set_postfix_str(f"{dtype} {m}x{n}x{k}", refresh=False)
-                try:
-                    measurements.append(measure_gemm(m, n, k, dtype, device, config))
-                except (RuntimeError, ValueError) as exc:  # OOM, unsupported layout/dtype on this build
-                    reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-                    skipped.append({"dtype": dtype, "m": m, "n": n, "k": k, "reason": reason})
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-                bar.update()
-    return {"dtypes": dtypes, "measurements": measurements, "skipped": skipped}
+    points = [(dtype, *shape) for dtype in dtypes for shape in config.gemm_shapes]
+    try:
+        measurements, failed = sweep(
+            "gemm",
+            points,
+            lambda p: measure_gemm(p[1], p[2], p[3], p[0], device, config, lockstep),
+            label=lambda p: f"{p[0]} {p[1]}x{p[2]}x{p[3]}",
+            skip_record=lambda p, reason: {"dtype": p[0], "m": p[1], "n": p[2], "k": p[3], "reason": reason},
+            errors=(RuntimeError, ValueError),  # OOM, unsupported layout/dtype on this build
+            device=device,
+            cfg=config.timing,
+            lockstep=lockstep,
+            progress=progress,
+            work_key="flops",
+            rate_key="flops_per_s",
+        )
+    finally:
+        clear_pools()
+    return {"dtypes": dtypes, "measurements": measurements, "skipped": skipped + failed}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import socket
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def cpu_threads_per_device(world: int) -> int:
 
 
 def init_distributed(device_kind: str, timeout_s: float):
-    """Join the process group described by the environment. Returns (rank, world, torch device, backend)."""
+    """Join the process group described by the environment (or keep the one this process already joined:
+    under torchrun on CPU several sections share one group, see ``keep_group``). Returns (rank, world,
+    torch device, backend)."""
     torch = import_torch()
     import torch.distributed as dist
 
@@ -75,8 +78,26 @@ def init_distributed(device_kind: str, timeout_s: float):
         )
     else:
         device, backend, kwargs = torch.device("cpu"), "gloo", {}
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     return rank, world, device, backend
+
+
+def keep_group(device_kind: str) -> bool:
+    """Whether an in-process (torchrun) measurement leaves the process group up for the next section.
+    On CPU every section runs on all ranks; joining a new group right after leaving one races (a fast
+    rank can read a slow rank's old address from the store), so the group is kept until the run ends
+    (``leave_group``). On GPU only the collectives use it."""
+    return device_kind == "cpu" and torchrun_env() is not None
+
+
+def leave_group() -> None:
+    """End of a torchrun calibration: leave the kept process group, if any."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def worker_entry(run: Callable[[dict, Callable[[str], None]], dict | None], job_path: str) -> NoReturn:
@@ -100,6 +121,40 @@ def worker_entry(run: Callable[[dict, Callable[[str], None]], dict | None], job_
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+class HostLoad:
+    """CPU time other processes used on this machine while a measurement ran, in cores on average
+    (Linux: /proc/stat's busy and stolen time, less this process's and its waited-for children's)."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _machine_busy_s(), _own_cpu_s()
+
+    def other_cores(self) -> float | None:
+        busy = _machine_busy_s()
+        wall = time.perf_counter() - self.t0
+        if busy is None or self.busy0 is None or wall <= 0:
+            return None
+        other = (busy - self.busy0) - (_own_cpu_s() - self.own0)
+        return round(max(0.0, other) / wall, 3)
+
+
+def _machine_busy_s() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / ticks
+
+
+def _own_cpu_s() -> float:
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 def _free_port() -> int:
@@ -131,7 +186,9 @@ def run_workers(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Spawn ``world`` workers of ``module`` on this machine, watch them, return rank 0's result.
-    ``env`` adds environment variables for the workers."""
+    ``env`` adds environment variables for the workers. The result gains ``other_load_cores``: the CPU
+    other processes used meanwhile (HostLoad; None where unknown), since on a shared machine their load
+    is in every time measured."""
     tmp = Path(tempfile.mkdtemp(prefix="dtsim-workers-"))
     result_path = tmp / "result.json"
     threads = cpu_threads_per_device(world)
@@ -153,6 +210,7 @@ def run_workers(
     base_env.update(env or {})
     procs: list[subprocess.Popen] = []
     lines: queue.Queue[str] = queue.Queue()
+    load = HostLoad()
     try:
         for r in range(world):
             env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r))
@@ -171,7 +229,7 @@ def run_workers(
         if not result_path.exists():
             tail = _stderr_tail(tmp / "rank0.stderr") or "no error output"
             raise CalibrationError(f"{desc}: rank 0 finished without writing results ({tail})")
-        return json.loads(result_path.read_text())
+        result = json.loads(result_path.read_text())
     finally:
         for p in procs:
             if p.poll() is None:
@@ -184,6 +242,8 @@ def run_workers(
         for f in tmp.iterdir():
             f.unlink()
         tmp.rmdir()
+    result["other_load_cores"] = load.other_cores()  # after the workers were waited for (their CPU counts)
+    return result
 
 
 def _watch(

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from calibrate.config import SweepConfig
 from calibrate.progress import progress_bar
-from calibrate.timing import buffer_sets, import_torch, time_kernel
+from calibrate.timing import (
+    Lockstep,
+    buffer_sets,
+    carve,
+    clear_pools,
+    import_torch,
+    set_up_point,
+    sweep,
+    time_kernel,
+)
 from sim.units import DTYPE_BYTES
 
 # Tensors each kernel touches: (inputs read, outputs written), each of the swept size.
@@ -22,12 +31,17 @@ def _kernel_call(kernel: str, size_bytes: int, dtype: str, device: str, config: 
     numel = max(1, size_bytes // DTYPE_BYTES[dtype])
     n_in, n_out = KERNEL_TENSORS[kernel]
     n_sets = buffer_sets((n_in + n_out) * numel * DTYPE_BYTES[dtype], config.timing)
-    gen = torch.Generator(device=device).manual_seed(numel)
-    ins = [
-        [torch.randn(numel, device=device, dtype=tdtype, generator=gen) for _ in range(n_in)]
-        for _ in range(n_sets)
-    ]
-    outs = [torch.empty(numel, device=device, dtype=tdtype) for _ in range(n_sets)]
+    if device == "cpu":
+        flat = carve(tdtype, "in", [(numel,)] * (n_in * n_sets))
+        ins = [flat[i * n_in : (i + 1) * n_in] for i in range(n_sets)]
+        outs = carve(tdtype, "out", [(numel,)] * n_sets)
+    else:
+        gen = torch.Generator(device=device).manual_seed(numel)
+        ins = [
+            [torch.randn(numel, device=device, dtype=tdtype, generator=gen) for _ in range(n_in)]
+            for _ in range(n_sets)
+        ]
+        outs = [torch.empty(numel, device=device, dtype=tdtype) for _ in range(n_sets)]
     gelu_out = torch.ops.aten.gelu.out
 
     def call(i: int):
@@ -43,10 +57,20 @@ def _kernel_call(kernel: str, size_bytes: int, dtype: str, device: str, config: 
     return call, n_sets, (n_in + n_out) * numel * DTYPE_BYTES[dtype]
 
 
-def measure_kernel(kernel: str, size_bytes: int, dtype: str, device: str, config: SweepConfig) -> dict:
-    """Time one kernel at one size; ``bytes_moved`` counts every tensor read and written once."""
-    call, n_sets, bytes_moved = _kernel_call(kernel, size_bytes, dtype, device, config)
-    timing = time_kernel(call, n_sets, device, config.timing)
+def measure_kernel(
+    kernel: str,
+    size_bytes: int,
+    dtype: str,
+    device: str,
+    config: SweepConfig,
+    lockstep: Lockstep | None = None,
+) -> dict:
+    """Time one kernel at one size; ``bytes_moved`` counts every tensor read and written once.
+    ``lockstep``: see timing.time_kernel."""
+    call, n_sets, bytes_moved = set_up_point(
+        lambda: _kernel_call(kernel, size_bytes, dtype, device, config), lockstep
+    )
+    timing = time_kernel(call, n_sets, device, config.timing, lockstep)
     return {
         "kernel": kernel,
         "dtype": dtype,
@@ -59,26 +83,41 @@ def measure_kernel(kernel: str, size_bytes: int, dtype: str, device: str, config
         "repeats": timing.repeats,
         "inner": timing.inner,
         "buffer_sets": n_sets,
+        "retaken": timing.retaken,
+        "disturbed": timing.disturbed,
     }
 
 
-def run_membw(device: str, config: SweepConfig) -> dict:
-    """The memory section: every (kernel, dtype, size); an out-of-memory size becomes a skip."""
-    torch = import_torch()
-    measurements, skipped = [], []
+def run_membw(
+    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress=progress_bar
+) -> dict:
+    """The memory section: every (kernel, dtype, size), in ``config.timing.passes`` passes (see
+    timing.sweep); an out-of-memory size becomes a skip.
+
+    ``lockstep`` and ``progress`` are for concurrent CPU workers (calibrate.kernels)."""
     points = [
         (k, d, s) for d in config.membw_dtypes for k in config.membw_kernels for s in config.membw_sizes_bytes
     ]
-    with progress_bar("memory", len(points)) as bar:
-        for kernel, dtype, size in points:
-            bar.set_postfix_str(f"{kernel} {dtype} {size}", refresh=False)
-            try:
-                measurements.append(measure_kernel(kernel, size, dtype, device, config))
-            except RuntimeError as exc:
-                skipped.append(
-                    {"kernel": kernel, "dtype": dtype, "size_bytes": size, "reason": str(exc)[:200]}
-                )
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-            bar.update()
+    try:
+        measurements, skipped = sweep(
+            "memory",
+            points,
+            lambda p: measure_kernel(p[0], p[2], p[1], device, config, lockstep),
+            label=lambda p: f"{p[0]} {p[1]} {p[2]}",
+            skip_record=lambda p, reason: {
+                "kernel": p[0],
+                "dtype": p[1],
+                "size_bytes": p[2],
+                "reason": reason,
+            },
+            errors=(RuntimeError,),
+            device=device,
+            cfg=config.timing,
+            lockstep=lockstep,
+            progress=progress,
+            work_key="bytes_moved",
+            rate_key="bytes_per_s",
+        )
+    finally:
+        clear_pools()
     return {"measurements": measurements, "skipped": skipped}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from calibrate.collectives import format_table, run_in_process, run_local, unmeasurable
 from calibrate.config import COLLECTIVES, GEMM, MEMORY, SECTIONS, SweepConfig
-from calibrate.launch import cpu_threads_per_device, torchrun_env
+from calibrate.launch import cpu_threads_per_device, leave_group, torchrun_env
 from calibrate.profile import finished_sections, load_profile, new_profile, record_section, save_profile
 from calibrate.progress import note
 from calibrate.timing import import_torch
@@ -58,16 +58,32 @@ def _start_profile(opts: CalibrationOptions, config: SweepConfig, argv: list[str
     return new_profile(collect_metadata(opts.device, opts.world, argv), run)
 
 
+def _all_ranks_measure(name: str, device: str) -> bool:
+    """Under torchrun, whether every rank takes part in section ``name`` (else rank 0 alone measures it).
+    Collectives need all ranks; on CPU so do GEMMs and memory (calibrate.kernels: one device of a fully
+    loaded machine)."""
+    return name == COLLECTIVES or device == "cpu"
+
+
 def _measure(name: str, opts: CalibrationOptions, config: SweepConfig, fault: str | None) -> dict | None:
-    """Run one section; None on a non-zero torchrun rank (rank 0 records the collectives)."""
+    """Run one section; None on a non-zero torchrun rank (rank 0 records the section)."""
+    launched = torchrun_env()
+    world = launched[1] if launched else opts.world
     if name in (GEMM, MEMORY):
+        from calibrate import kernels
         from calibrate.gemm import run_gemm
         from calibrate.membw import run_membw
 
+        if opts.device == "cpu" and world > 1:  # every device's worker at once (see calibrate.kernels)
+            if not launched:
+                return kernels.run_local(name, world, config)
+            with _device_threads(opts):
+                return kernels.run_in_process(name, config)
         with _device_threads(opts):
-            return (run_gemm if name == GEMM else run_membw)(opts.device, config)
-    launched = torchrun_env()
-    world = launched[1] if launched else opts.world
+            section = (run_gemm if name == GEMM else run_membw)(opts.device, config)
+        if opts.device == "cpu":
+            section.update(workers=1, threads_per_worker=cpu_threads_per_device(world), launcher="in-process")
+        return section
     if world < 2:
         why = "--gpus 1" if not launched else "WORLD_SIZE=1"
         return unmeasurable(f"only one device ({why}): a collective needs at least 2 ranks", world)
@@ -92,9 +108,18 @@ def _device_threads(opts: CalibrationOptions):
 def _summary(name: str, section: dict) -> str:
     if section.get("status") == "unmeasurable":
         return f"{name}: not measurable ({section['reason']})"
-    n = len(section.get("measurements", []))
+    ms = section.get("measurements", [])
     skipped = len(section.get("skipped", []))
-    return f"{name}: {n} measurements" + (f", {skipped} skipped" if skipped else "")
+    notes = [f"{section['workers']} workers at once"] if (section.get("workers") or 1) > 1 else []
+    retaken = sum(m.get("retaken", 0) for m in ms)
+    disturbed = sum(bool(m.get("disturbed")) for m in ms)
+    if retaken or disturbed:
+        notes.append(
+            f"other processes took CPU time: {retaken} sample(s) retaken"
+            + (f", {disturbed} point(s) disturbed throughout" if disturbed else "")
+        )
+    text = f"{name}: {len(ms)} measurements" + (f", {skipped} skipped" if skipped else "")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def run_calibration(
@@ -102,8 +127,9 @@ def run_calibration(
 ) -> Path:
     """Measure ``opts.sections`` (skipping finished ones with ``resume``), saving after each; returns the path.
 
-    Under torchrun every rank measures collectives first (they need all ranks); then rank 0 alone
-    measures GEMMs and memory and writes the profile. ``fault`` is for tests of the collective watchdog.
+    Under torchrun every rank measures collectives first (they need all ranks); then GEMMs and memory,
+    on CPU by every rank at once, on GPU by rank 0 alone; rank 0 writes the profile. ``fault`` is for
+    tests of the collective watchdog.
     """
     launched = torchrun_env()
     rank = launched[0] if launched else 0
@@ -120,7 +146,7 @@ def run_calibration(
     if launched:
         todo.sort(key=lambda s: s != COLLECTIVES)
     for name in todo:
-        if rank != 0 and name != COLLECTIVES:
+        if rank != 0 and not _all_ranks_measure(name, opts.device):
             continue
         if rank == 0:
             note(f"{name}: measuring on {opts.device} ({config.name} sweep)")
@@ -133,4 +159,6 @@ def run_calibration(
         note(f"{_summary(name, section)} in {time.perf_counter() - t0:.1f} s; saved to {opts.out}")
         if name == COLLECTIVES:
             print(format_table(section), flush=True)
+    if launched:
+        leave_group()
     return opts.out

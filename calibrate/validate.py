@@ -1,7 +1,9 @@
 """`dtsim validate`: real small training jobs with torch vs the simulator running the same jobs.
 
 Jobs (an MLP of Linear layers, MSE loss, fused Adam; the same model in both worlds):
-  single    one device: forward, backward, optimizer (checks the calibrated compute costs)
+  single    one device: forward, backward, optimizer (checks the calibrated compute costs); on CPU as many
+            independent copies at once as the profile has devices, since a CPU profile describes one
+            device of a fully loaded machine (calibrate.kernels), not one process alone on it
   ddp       data parallel over N devices with torch DistributedDataParallel (25 MB buckets)
   pipeline  two stages, 1F1B, driven by the simulator's own schedule (sim.schedules) with send/recv
 The simulated job is the ``layers`` scenario of the same widths, batch and parallel layout, priced by the
@@ -13,6 +15,14 @@ Making the two worlds the same job: the network input requires a gradient so tor
 layer's input gradient, which the layer model counts; Adam is fused (one pass over its states, as the
 simulator's optimizer-bytes model assumes); on CPU every worker gets the profile's threads per device and
 glibc keeps freed buffers for reuse (as the CUDA caching allocator does), so steps do not page-fault.
+
+The measured figure is the median over timed steps of the slowest rank's step time (a synchronous step
+ends when its slowest rank does). The median because the other side is a median too: the profile keeps
+each kernel's median over samples, so the simulated step is a typical step, not a best or a mean one.
+The minimum would compare the luckiest step with a typical one, and a mean would let one step slowed by
+another process move the result; the median ignores a few such steps, and the table shows the min–max
+spread and how many cores other processes used meanwhile (launch.HostLoad), so a run made on a busy
+machine can be told apart from a modelling error.
 """
 
 from __future__ import annotations
@@ -40,10 +50,19 @@ from sim.errors import ScenarioError
 
 PROG = "dtsim validate"
 JOBS = ("single", "ddp", "pipeline")
-# Allowed |simulated − measured| / measured. On CPU the bar is wider: gloo's communication threads and
-# the neighbouring workers share the cores and caches the calibration measured alone, an effect dtsim
-# does not model (GPUs keep NCCL and compute apart).
-DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.35}
+# Allowed |simulated − measured| / measured. On CPU the workers share memory bandwidth, caches and cores;
+# the calibration measures that now (calibrate.kernels: every device's worker at once), and on the 2-core
+# EPYC VM with the shipped profile ddp comes within 2–9% and pipeline within 11–12% (three runs; the
+# smaller --quick jobs, where per-micro-batch costs weigh more, 17–26%). The bar is still wider than on
+# GPU: what remains is noise the command cannot remove and costs the simulator does not model. The VM's
+# speed drifts by ±10% between runs (up to 1.6× for seconds, with no other process running in it), and
+# pipeline is under-predicted by ~10–17% in quiet runs (weight gradients are accumulated over
+# micro-batches, one more pass over them per micro-batch: +3.5–5 ms per backward there with both stages
+# streaming memory; gloo's p2p sends take CPU time from the stages' compute). The worst error seen with
+# profiles measured this way was 27% (pipeline, during a slow spell), hence 30%. GPUs keep NCCL and
+# compute apart and do not share: 25%.
+DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.30}
+BUSY_CORES = 0.1  # other processes using this many cores on average during a job get a note
 DDP_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, and the scenario's parallel.bucket_MB
 # On CPU, glibc returns large freed blocks to the OS, so every step page-faults fresh activation and
 # gradient buffers (a cost GPUs, with the CUDA caching allocator, do not pay and dtsim does not model).
@@ -64,10 +83,17 @@ class ValidationJob:
     dtype: str  # fp32 | tf32
     steps: int
     warmup: int
+    replicas: int = 1  # independent copies run at once (single on CPU: the profile's loaded machine)
 
     @property
     def world(self) -> int:
+        """Devices of one copy of the job (what the simulator runs)."""
         return self.dp * self.pp
+
+    @property
+    def processes(self) -> int:
+        """Worker processes of the real run: every copy's devices."""
+        return self.world * self.replicas
 
     @property
     def global_batch(self) -> int:
@@ -84,7 +110,9 @@ def jobs_for(
     micro_batch: int | None = None,
 ) -> list[ValidationJob]:
     """The jobs to run. Default sizes per device: CPU small, GPU large enough to be compute-bound.
-    The pipeline job splits the same batch into 4 micro-batches; ddp and pipeline need 2 devices."""
+    The pipeline job splits the same batch into 4 micro-batches; ddp and pipeline need 2 devices. On CPU
+    the single job runs ``world`` copies at once (a CPU profile describes one device of a fully loaded
+    machine; GPUs do not share, so there it runs alone)."""
     if device == "cuda":
         default = ((4096,) * 5, 1024, "tf32") if quick else ((8192,) * 9, 2048, "tf32")
     else:
@@ -93,7 +121,7 @@ def jobs_for(
     n = steps or (5 if quick else 10)
     warm = 2 if quick else 3
     jobs = {
-        "single": ValidationJob("single", 1, 1, w, mb, 1, dtype, n, warm),
+        "single": ValidationJob("single", 1, 1, w, mb, 1, dtype, n, warm, world if device == "cpu" else 1),
         "ddp": ValidationJob("ddp", world, 1, w, mb, 1, dtype, n, warm),
         "pipeline": ValidationJob("pipeline", 1, 2, w, max(1, mb // 4), 4, dtype, n, warm),
     }
@@ -129,7 +157,7 @@ def scenario_for(job: ValidationJob, profile: dict, profile_path: str) -> dict:
             "latency_us": link["alpha_s"] * 1e6,
         }
     threads = run.get("threads_per_device") or 1
-    cores_busy = run.get("device") == "cpu" and threads * job.world >= (
+    cores_busy = run.get("device") == "cpu" and threads * job.processes >= (
         md.get("usable_cores") or md.get("cpu_count") or 1
     )
     widths = zip(job.widths[:-1], job.widths[1:], strict=True)
@@ -219,7 +247,7 @@ def _train_step_fn(job: ValidationJob, rank: int, device) -> Callable[[], None]:
 
         return step
 
-    stage = rank
+    stage = rank  # pipeline jobs run one copy (replicas only for single)
     ids = partition_layers(len(linears), job.pp)[stage]
     module = torch.nn.Sequential(*[linears[i] for i in ids]).to(device)
     opt = _adam(module.parameters())
@@ -305,7 +333,7 @@ def run_real(job: ValidationJob, device: str, threads: int | None, timeout_s: fl
     return run_workers(
         "calibrate.validate",
         payload,
-        job.world,
+        job.processes,
         desc=f"validate {job.name}",
         startup_timeout_s=180.0,
         stall_timeout_s=timeout_s,
@@ -386,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance",
         type=_fraction,
         default=None,
-        help="allowed relative error (default: 0.25 on cuda, 0.35 on cpu)",
+        help="allowed relative error (default: 0.25 on cuda, 0.30 on cpu)",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before giving up")
     p.add_argument(
@@ -422,16 +450,34 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
 
 def _format(rows: list[dict], tolerance: float) -> str:
     lines = [
-        f"{'job':<9} {'devices':>7} {'measured ms':>12} {'(min–max)':>17} {'simulated ms':>13} {'error':>7}  verdict",
+        f"{'job':<9} {'devices':>7} {'measured ms':>12} {'(min–max)':>17} {'simulated ms':>13} {'error':>7}  "
+        f"{'verdict':<7}  other load",
     ]
     for r in rows:
         m = r["measured"]
         spread = "({:.1f}–{:.1f})".format(m["min_s"] * 1e3, m["max_s"] * 1e3)
+        devices = f"{r['devices']}" + (f" x{r['replicas']}" if r.get("replicas", 1) > 1 else "")
+        load = r.get("other_load_cores")
         lines.append(
-            f"{r['job']:<9} {r['devices']:>7} {m['median_s'] * 1e3:>12.2f} {spread:>17} "
-            f"{r['simulated_s'] * 1e3:>13.2f} {r['rel_error'] * 100:>6.1f}%  {'pass' if r['passed'] else 'FAIL'}"
+            f"{r['job']:<9} {devices:>7} {m['median_s'] * 1e3:>12.2f} {spread:>17} "
+            f"{r['simulated_s'] * 1e3:>13.2f} {r['rel_error'] * 100:>6.1f}%  {'pass' if r['passed'] else 'FAIL':<7}  "
+            + ("n/a" if load is None else f"{load:.2f} cores")
         )
-    lines.append(f"tolerance: |simulated − measured| / measured <= {tolerance:.0%}")
+    lines.append(
+        f"tolerance: |simulated − measured| / measured <= {tolerance:.0%}; measured: median over steps of the "
+        "slowest rank's step time"
+    )
+    if any(r.get("replicas", 1) > 1 for r in rows):
+        lines.append(
+            "x N: N independent copies at once (a CPU profile describes one device of a fully loaded machine)"
+        )
+    busy = [r for r in rows if (r.get("other_load_cores") or 0) >= BUSY_CORES]
+    if busy:
+        lines.append(
+            "other load: other processes used CPU during "
+            + ", ".join(f"{r['job']} ({r['other_load_cores']:.2f} cores)" for r in busy)
+            + "; their interference is in those measured times (rerun on a quiet machine to tell it apart)"
+        )
     return "\n".join(lines)
 
 
@@ -445,18 +491,21 @@ def _compare(
 ) -> dict:
     """Simulate ``job``, run it for real, and compare median step times."""
     scenario, summary = simulate_job(job, profile, str(args.profile.resolve()))
-    t = run_real(job, device, threads, args.timeout)["step_times_s"]
+    real = run_real(job, device, threads, args.timeout)
+    t = real["step_times_s"]
     measured = {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "samples_s": t}
     sim_s = float(summary["step_time_s"])
     err = (sim_s - measured["median_s"]) / measured["median_s"]
     return {
         "job": job.name,
         "devices": job.world,
+        "replicas": job.replicas,
         "spec": asdict(job),
         "measured": measured,
         "simulated_s": sim_s,
         "rel_error": err,
         "passed": abs(err) <= tolerance,
+        "other_load_cores": real.get("other_load_cores"),
         "scenario": scenario,
         "cost_model": summary.get("cost_model"),
     }

@@ -67,6 +67,8 @@ def test_quick_cli_run_writes_a_complete_profile(quick):
         assert key in md
     assert md["command_line"].startswith("dtsim calibrate --device cpu --quick")
     assert profile["run"]["threads_per_device"] >= 1  # one CPU "device" = one worker's share of the cores
+    for name in ("gemm", "memory"):  # measured by every device's worker at once (a fully loaded machine)
+        assert profile["sections"][name]["workers"] == profile["run"]["world_size"] == 2
     assert set(profile["fits"]["gemm"]) == {"fp32", "bf16"}
     assert profile["fits"]["memory"]["max_bytes_per_s"] > 0
     coll = profile["sections"]["collectives"]
@@ -160,10 +162,15 @@ def test_a_dead_or_hung_worker_ends_the_run_with_an_error(fault, needle):
 
 
 def test_tiny_sweep_resume_keeps_real_sections(tmp_path):
+    """Also: on CPU with 2 devices the kernel sections are measured by 2 workers at once."""
     out = tmp_path / "tiny.json"
     opts = CalibrationOptions(device="cpu", world=2, out=out, sections=("gemm",))
     run_calibration(opts, tiny_config(), [])
     first = load_profile(out)["sections"]["gemm"]
+    assert first["workers"] == 2 and first["launcher"] == "local" and first["threads_per_worker"] >= 1
+    assert "slowest worker" in first["statistic"]
+    assert len(first["measurements"]) == len(tiny_config().gemm_shapes) * 2
+    assert all("retaken" in m and m["time_s"] > 0 for m in first["measurements"])
     run_calibration(replace(opts, sections=("gemm", "memory"), resume=True), tiny_config(), [])
     profile = load_profile(out)
     assert profile["sections"]["gemm"] == first

@@ -9,7 +9,7 @@ import pytest
 
 from calibrate.fit import predict_time_s
 from calibrate.profile import new_profile, record_section, save_profile
-from calibrate.validate import ValidationJob, jobs_for, main, scenario_for, simulate_job
+from calibrate.validate import ValidationJob, _format, jobs_for, main, scenario_for, simulate_job
 
 SIZES = [2**i for i in range(10, 25, 2)]
 
@@ -79,6 +79,10 @@ def test_scenario_is_the_same_job_and_simulates(tmp_path):
 
 def test_jobs_for_respects_world_and_only():
     assert [j.name for j in jobs_for("cpu", 1, True, None, ("single", "ddp", "pipeline"))] == ["single"]
+    # A CPU profile describes one device of a fully loaded machine: single runs one copy per device there.
+    (single,) = jobs_for("cpu", 2, True, None, ("single",))
+    assert single.world == 1 and single.replicas == 2 and single.processes == 2
+    assert jobs_for("cuda", 2, True, None, ("single",))[0].processes == 1
     jobs = jobs_for("cpu", 2, True, 3, ("pipeline", "ddp"))
     assert [j.name for j in jobs] == ["pipeline", "ddp"]
     assert all(j.steps == 3 for j in jobs)
@@ -114,8 +118,22 @@ def test_real_jobs_run_and_are_compared(tmp_path, capsys):
     assert [j["job"] for j in result["jobs"]] == ["pipeline", "ddp"]
     for job in result["jobs"]:
         assert len(job["measured"]["samples_s"]) == 2 and job["simulated_s"] > 0
+        assert job["other_load_cores"] is None or job["other_load_cores"] >= 0
         assert job["passed"] == (abs(job["rel_error"]) <= result["tolerance"])
     assert "pipeline" in capsys.readouterr().out
+
+
+def test_table_names_copies_statistic_and_other_load():
+    measured = {"median_s": 0.2, "min_s": 0.19, "max_s": 0.3}
+    rows = [
+        {"job": "single", "devices": 1, "replicas": 2, "measured": measured, "simulated_s": 0.21},
+        {"job": "ddp", "devices": 2, "replicas": 1, "measured": measured, "simulated_s": 0.25},
+    ]
+    for row, load in zip(rows, (0.0, 0.8), strict=True):
+        row.update(rel_error=row["simulated_s"] / 0.2 - 1, passed=True, other_load_cores=load)
+    table = _format(rows, 0.25)
+    assert "1 x2" in table and "median over steps" in table and "0.80 cores" in table
+    assert "other load: other processes used CPU during ddp (0.80 cores)" in table
 
 
 @pytest.mark.gpu

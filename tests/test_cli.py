@@ -104,7 +104,8 @@ def test_plot_redraws_run_charts(tmp_path, capsys) -> None:
     redraw = tmp_path / "redraw"
     assert main(["plot", str(out), "--out", str(redraw)]) == 0
     for f in ("gantt.png", "pipeline.png", "memory.png"):
-        assert (redraw / f).stat().st_size > 1000
+        # drawn from the saved files only, the charts come out pixel for pixel the same
+        assert (redraw / f).read_bytes() == (out / f).read_bytes()
 
 
 def test_schema_command(capsys) -> None:

@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from calibrate.argtypes import Parser, UsageError, positive_int
 from calibrate.config import SECTIONS, make_config
 from calibrate.run import CalibrationOptions
 from sim.errors import ScenarioError
@@ -21,31 +22,10 @@ DEFAULT_OUT_DIR = Path("results") / "calibration"
 MAX_CPU_WORKERS = 64
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _device(value: str) -> str:
     if value not in ("cuda", "cpu"):
         raise argparse.ArgumentTypeError(f"got {value!r}; must be 'cuda' or 'cpu' (e.g. --device cpu)")
     return value
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"got {value!r}; must be a whole number >= 1 (e.g. --gpus 2)")
-    return n
 
 
 def _sections(value: str) -> tuple[str, ...]:
@@ -59,11 +39,11 @@ def _sections(value: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Measure GEMMs, memory bandwidth and collectives; write a profile.")
+    p = Parser(prog=PROG, description="Measure GEMMs, memory bandwidth and collectives; write a profile.")
     p.add_argument("--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="GPUs (cuda) or worker processes (cpu) for collectives; default: all GPUs / min(4, cores)",
     )
@@ -181,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help

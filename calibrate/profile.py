@@ -18,12 +18,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from calibrate.config import COLLECTIVES, GEMM, MEMORY
 from calibrate.fit import fit_collectives, gemm_tables, membw_table
 from sim.errors import ScenarioError
+from sim.outputs.writers import atomic_write_text
 
 SCHEMA_VERSION = 1
 PROFILE_KIND = "dtsim-calibration-profile"
@@ -82,27 +82,8 @@ def save_profile(profile: dict, path: str | os.PathLike) -> Path:
 def write_json_atomic(data: dict, path: str | os.PathLike) -> Path:
     """Write atomically: a reader (or a crash) sees the old file or the new one, never half of one."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(p, json.dumps(data, indent=1, allow_nan=False) + "\n")
     return p
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def finished_sections(profile: dict) -> set[str]:

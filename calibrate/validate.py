@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from calibrate.argtypes import Parser, UsageError, positive_int
 from calibrate.launch import (
     PROGRESS_TAG,
     READY_TAG,
@@ -344,25 +345,6 @@ def run_real(job: ValidationJob, device: str, threads: int | None, timeout_s: fl
 # --------------------------------------------------------------------------------------------- command
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"got {value!r}; must be a whole number >= 1")
-    return n
-
-
 def _fraction(value: str) -> float:
     try:
         x = float(value)
@@ -395,21 +377,21 @@ def _jobs(value: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run small real training jobs and compare with the simulator.")
+    p = Parser(prog=PROG, description="Run small real training jobs and compare with the simulator.")
     p.add_argument(
         "--profile", type=Path, required=True, help="calibration profile of this machine (dtsim calibrate)"
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: the profile's device")
     p.add_argument(
-        "--gpus", type=_positive_int, default=None, help="devices (default: the profile's world size)"
+        "--gpus", type=positive_int, default=None, help="devices (default: the profile's world size)"
     )
     p.add_argument("--only", type=_jobs, default=JOBS, help=f"jobs: {','.join(JOBS)}")
     p.add_argument(
-        "--steps", type=_positive_int, default=None, help="timed steps per job (default 10, quick 5)"
+        "--steps", type=positive_int, default=None, help="timed steps per job (default 10, quick 5)"
     )
     p.add_argument("--quick", action="store_true", help="smaller model, fewer steps")
     p.add_argument("--widths", type=_widths, default=None, help="MLP layer widths, e.g. 1024,1024,1024")
-    p.add_argument("--micro-batch", type=_positive_int, default=None, help="samples per device per step")
+    p.add_argument("--micro-batch", type=positive_int, default=None, help="samples per device per step")
     p.add_argument(
         "--tolerance",
         type=_fraction,
@@ -516,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
         return 2
     except SystemExit as exc:

@@ -36,6 +36,8 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it replaces the old file
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
     except BaseException:

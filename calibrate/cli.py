@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from calibrate.argtypes import Parser, UsageError, positive_int
+from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.config import SECTIONS, make_config
 from calibrate.run import CalibrationOptions
 from sim.errors import ScenarioError
@@ -165,13 +165,9 @@ def _report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run `dtsim calibrate` with ``argv`` (the arguments after 'calibrate'); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
+    args = parse(build_parser(), argv, PROG)
+    if isinstance(args, int):
+        return args
 
     from calibrate.launch import CalibrationError, torchrun_env
 

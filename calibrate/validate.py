@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from calibrate.argtypes import Parser, UsageError, positive_int
+from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.launch import (
     PROGRESS_TAG,
     READY_TAG,
@@ -496,13 +496,9 @@ def _compare(
 def main(argv: list[str] | None = None) -> int:
     """`dtsim validate`: exit 0 when every job is within tolerance, 1 otherwise, 2 on bad arguments."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc} (see {PROG} --help)", file=sys.stderr)
-        return 2
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = parse(build_parser(), argv, PROG)
+    if isinstance(args, int):
+        return args
     try:
         profile, device, world, out = _resolve(args)
         tolerance = args.tolerance or DEFAULT_TOLERANCE[device]

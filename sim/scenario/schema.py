@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from sim.hardware.gpu import GPU_ALIASES, GPU_PRESETS, GPUSpec
 from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS, LinkSpec
 from sim.units import DTYPE_BYTES, GiB, KiB, MiB
+from sim.workload.kernels import ATTENTION_KINDS, DEFAULT_KERNEL_SET, KERNEL_SET_NAMES, KERNEL_SETS
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -437,10 +438,10 @@ class TransformerModel(_Strict):
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
     position: Literal["learned", "rope"] = Field("learned", description="position embedding")
     tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
-    attention: Literal["flash", "standard"] = Field(
-        "flash",
-        description="flash: fused attention, softmax scores never stored; standard: scores kept for "
-        "backward (Korthikanti et al.'s 5as/h activation term)",
+    attention: Literal[ATTENTION_KINDS] = Field(  # type: ignore[valid-type]
+        description="flash: one fused kernel, softmax scores never stored; standard: batched GEMMs around "
+        "a softmax (and dropout) kernel over the b·heads·s² scores, kept for backward (Korthikanti et "
+        "al.'s 5as/h activation term); default: what training.kernels used",
     )
 
     @model_validator(mode="before")
@@ -580,7 +581,8 @@ MODEL_KINDS = ("synthetic", "collective", "transformer", "layers")
 INPUT_DEFAULTED = {
     "Cluster": ("intra_node", "nics_per_node"),
     "SyntheticModel": ("backward_ms",),
-    "TransformerModel": ("ffn_hidden", "kv_heads"),
+    "TransformerModel": ("ffn_hidden", "kv_heads", "attention"),
+    "Parallel": ("overlap_grad_sync",),
     "CollectiveModel": ("algorithm", "ranks"),
 }
 # Fields a `preset:` key supplies: required only when there is no preset.
@@ -616,7 +618,8 @@ class Parallel(_Strict):
     )
     bucket_MB: float = Field(25.0, gt=0, description="DDP gradient bucket size, MB")
     overlap_grad_sync: bool = Field(
-        True, description="overlap the gradient all-reduce with the backward pass"
+        description="overlap the gradient all-reduce with the backward pass; default: what "
+        "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
     )
 
     @model_validator(mode="after")
@@ -731,6 +734,16 @@ class Training(_Strict):
         "adam", description="optimizer (sets optimizer-state memory)"
     )
     gradient_compression: Compression | None = Field(None, description="null, or {kind: topk, ratio}")
+    kernels: Literal[KERNEL_SET_NAMES] = Field(  # type: ignore[valid-type]
+        DEFAULT_KERNEL_SET,
+        description="the software stack's kernel set (sim/workload/kernels.py): which kernels it launched "
+        "and fused, e.g. megatron-lm-2021 (bmm attention, fp32 grad-accumulation pass) or "
+        "transformer-engine (flash attention, fused kernels)",
+    )
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "
+        "a norm pass over the gradients and its all-reduce; null = no clipping",
+    )
     tokens: float | None = Field(
         None, gt=0, description="total training tokens (time-to-train); transformer only"
     )
@@ -811,9 +824,11 @@ class Scenario(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _defaults(cls, data: Any) -> Any:
-        """A collective's ``ranks`` defaults to all GPUs (known only here, where the cluster is)."""
+        """Defaults known only here, where every section is: a collective's ``ranks`` (all GPUs); a
+        transformer's ``attention`` and the gradient-sync overlap (what ``training.kernels`` did)."""
         if not isinstance(data, dict):
             return data
+        data = _kernel_defaults(data)
         model, cluster = data.get("model"), data.get("cluster")
         if isinstance(model, dict) and model.get("kind") == "collective" and model.get("ranks") is None:
             if isinstance(cluster, dict) and all(
@@ -900,6 +915,22 @@ class Scenario(_Strict):
     def resolved(self) -> dict[str, Any]:
         """Presets expanded, defaults filled: validates back to an equal Scenario."""
         return self.model_dump(mode="python")
+
+
+def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill model.attention and parallel.overlap_grad_sync from the kernel set when not given."""
+    training = data.get("training")
+    name = training.get("kernels", DEFAULT_KERNEL_SET) if isinstance(training, dict) else DEFAULT_KERNEL_SET
+    ks = KERNEL_SETS.get(name) if isinstance(name, str) else None
+    if ks is None:
+        return data  # training.kernels reports its own error
+    model = model_from(data.get("model"))
+    if isinstance(model, dict) and model.get("kind") == "transformer" and model.get("attention") is None:
+        data = {**data, "model": {**model, "attention": ks.attention}}
+    parallel = data.get("parallel")
+    if isinstance(parallel, dict) and parallel.get("overlap_grad_sync") is None:
+        data = {**data, "parallel": {**parallel, "overlap_grad_sync": ks.overlap_grad_reduce}}
+    return data
 
 
 # ------------------------------------------------------------------------------ cross-section rules

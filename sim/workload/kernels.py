@@ -1,0 +1,89 @@
+"""Kernel sets: which kernels a training code base of a given period launched, and how it fused them.
+
+The same model on the same GPUs runs at different speeds under different software: Megatron-LM of 2021
+ran attention as two batched GEMMs around a fused scale-mask-softmax and a separate dropout, accumulated
+each micro-batch's weight gradients into fp32 with an extra pass, and all-reduced the gradients only after
+the last micro-batch; today's Megatron-Core with Transformer Engine runs one flash-attention kernel, fuses
+the accumulation into the weight-gradient GEMM and overlaps the reduction with the backward pass. A
+``KernelSet`` records those choices, read from each code base at that period (sources per field below), so
+the workload emits the kernels that code really launched and the executor orders them as it did.
+
+Sources (public code, read at the period named):
+- megatron-lm-2021: NVIDIA/Megatron-LM as of the SC'21 paper (tag v2.x, spring-summer 2021):
+  ``megatron/model/transformer.py`` (ParallelAttention: ``torch.baddbmm`` scores, ``FusedScaleMaskSoftmax``,
+  ``attention_dropout`` as its own ``torch.nn.Dropout``, ``torch.bmm`` context; ``bias_gelu_impl`` and
+  ``bias_dropout_add_fused_train`` as TorchScript fusions), ``megatron/model/fused_layer_norm.py`` (apex
+  ``FusedLayerNormAffineFunction``), ``megatron/optimizer/__init__.py`` (apex ``FusedAdam``),
+  ``megatron/model/distributed.py`` (``main_grad.add_(grad)`` hook per micro-batch, one all-reduce of the
+  contiguous fp32 buffer in ``allreduce_gradients`` after the last micro-batch),
+  ``megatron/p2p_communication.py`` (``batch_isend_irecv`` then ``torch.cuda.synchronize()``: blocking
+  sends; scatter/gather of the activation over the tensor-parallel ranks), ``megatron/arguments.py``
+  (bf16 forces ``accumulate_allreduce_grads_in_fp32``; ``clip_grad`` default 1.0).
+- megatron-lm-2022: the same tree at Korthikanti et al. 2022 (v3.0): sequence parallelism and selective
+  recompute, ``--gradient-accumulation-fusion`` (``fused_weight_gradient_mlp_cuda``: the wgrad GEMM
+  accumulates straight into ``main_grad``); attention, softmax, dropout and the DP all-reduce as in 2021.
+- megatron-deepspeed-2022: microsoft/Megatron-DeepSpeed of 2022 (Megatron-LM 2021 model code under
+  DeepSpeed's engine): the 2021 kernels; gradients accumulated in fp32 by DeepSpeed's bf16 optimizer
+  and reduced after the backward pass.
+- transformer-engine: Megatron-Core with NVIDIA Transformer Engine (2024-): fused attention (cuDNN /
+  FlashAttention kernels), fused bias/activation/dropout/residual and norm kernels, wgrad GEMMs
+  accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
+  during the backward pass, non-blocking batched p2p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION_KINDS = ("flash", "standard")
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """What a training code base launched. Every field is a fact about that code, not a tuning knob."""
+
+    name: str
+    attention: str  # default model.attention: "standard" (bmm + softmax + dropout) or "flash"
+    attention_dropout_kernel: bool  # standard attention: dropout on the probabilities is its own kernel
+    gradient_accumulation_fusion: bool  # wgrad GEMM accumulates into fp32 main_grad (else a separate add)
+    grad_reduce_fp32: bool  # data-parallel gradients reduced in fp32 (Megatron with bf16 always does)
+    overlap_grad_reduce: bool  # default parallel.overlap_grad_sync
+    blocking_p2p: bool  # pipeline sends complete before the sender computes on
+    scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
+    description: str = ""
+
+
+KERNEL_SETS: dict[str, KernelSet] = {
+    k.name: k
+    for k in (
+        KernelSet(
+            name="megatron-lm-2021", attention="standard", attention_dropout_kernel=True,
+            gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
+            blocking_p2p=True, scatter_gather_p2p=True,
+            description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
+                        "fp32 grad accumulation pass, DP all-reduce after the backward pass",
+        ),
+        KernelSet(
+            name="megatron-lm-2022", attention="standard", attention_dropout_kernel=True,
+            gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
+            blocking_p2p=True, scatter_gather_p2p=True,
+            description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute "
+                        "and gradient-accumulation fusion",
+        ),
+        KernelSet(
+            name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
+            gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
+            blocking_p2p=True, scatter_gather_p2p=False,
+            description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
+        ),
+        KernelSet(
+            name="transformer-engine", attention="flash", attention_dropout_kernel=False,
+            gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
+            blocking_p2p=False, scatter_gather_p2p=False,
+            description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
+                        "overlapped gradient reduction",
+        ),
+    )
+}
+KERNEL_SET_NAMES = tuple(KERNEL_SETS)
+DEFAULT_KERNEL_SET = "transformer-engine"

@@ -13,15 +13,28 @@ from sim import memory as mem
 from sim.cost.base import INTER_NODE, INTRA_NODE, CostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
+from sim.engine.timeline import CLIP_GRAD, DATA, GRAD_ACCUM
 from sim.hardware.topology import Topology
 from sim.parallel.layout import partition_layers
 from sim.units import DTYPE_BYTES, MB
-from sim.workload.ops import ATTENTION, Op, elementwise
+from sim.workload.kernels import KERNEL_SETS, KernelSet
+from sim.workload.ops import GEMM, Op, elementwise
 
 # Bytes the optimizer step reads + writes per parameter it updates (memory-bound pass).
 # Mixed-precision Adam: read fp32 master, m, v, fp32 grad (16), write master, m, v (12) + 16-bit copy (2).
 # fp32 Adam: read 16, write 12. SGD with momentum: read master, momentum, grad; write master, momentum.
 OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 22, ("sgd", False): 20}
+# Megatron's optimizer step per parameter of its shard (megatron/optimizer/optimizer.py,
+# Float16OptimizerWithFloat16Params.step): apex FusedAdam reads fp32 param, grad, m, v (16) and writes
+# param, m, v (12); copying the fp32 params to the 16-bit model reads 4 and writes 2; zeroing the fp32
+# main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
+# fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
+# which a stable run rarely does: not priced.
+MEGATRON_ADAM_BYTES_PER_PARAM = 28 + 6 + 4
+CLIP_NORM_BYTES_PER_GRAD = 4
+# Host→device copy of a micro-batch's int64 tokens and labels (Megatron's get_batch): PCIe 4.0 x16,
+# ~25 GB/s achieved of 31.5 GB/s (PCI-SIG rate; NVIDIA bandwidthTest figures on DGX A100).
+H2D_Bps = 25e9
 
 
 def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel:
@@ -140,12 +153,13 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
 
 
 def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[float],
-                     buffers_by_stage: list[float]) -> list[dict]:
+                     buffers_by_stage: list[float], grad_bytes_per_param: float | None = None) -> list[dict]:
     par, tr = scenario.parallel, scenario.training
     out = []
     for s, params in enumerate(params_by_stage):
         st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data, precision=tr.precision,
-                                   optimizer="sgd" if tr.optimizer == "sgd" else "adam")
+                                   optimizer="sgd" if tr.optimizer == "sgd" else "adam",
+                                   grad_bytes_per_param=grad_bytes_per_param)
         b = mem.MemoryBreakdown(st["weights"], st["gradients"], st["optimizer"], act_by_stage[s], buffers_by_stage[s])
         d = b.as_dict()
         d["stage"] = s
@@ -213,17 +227,19 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         tied_embeddings=m.tied_embeddings)
     b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
     ck = tr.checkpointing
+    ks = KERNEL_SETS[tr.kernels]
     act_dtype = "bf16" if dtype == "fp8" else dtype
     ebytes = DTYPE_BYTES[act_dtype]
-    gbytes = _grad_elem_bytes(dtype)
-    lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    gbytes = _main_grad_bytes(dtype, ks)
+    kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
     fwd = _blocks(cost, lo.forward)
     bwd = _blocks(cost, lo.backward_input)
-    wgt = _op_block(cost, "wgrad", lo.backward_weight)
+    wgt = _weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
-        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if op.kind == ATTENTION])
+        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)])
     else:
         recompute = ()
     act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
@@ -239,21 +255,28 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept)
-    emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-    head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    emb = tf.embedding_ops(d, **kw)
+    head = tf.head_ops(d, **kw)
     emb_params = tf.embedding_params(d) / t
-    vsn_total = par.pipeline * par.virtual_stages
-    # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
-    head_params = emb_params if (not d.tied_embeddings or vsn_total > 1) else 0.0
     vsn = par.pipeline * par.virtual_stages
+    # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
+    head_params = emb_params if (not d.tied_embeddings or vsn > 1) else 0.0
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
-    send = b * m.seq_len * m.hidden * ebytes / t  # Megatron scatter/gather p2p: each TP rank sends 1/t
+    activation = b * m.seq_len * m.hidden * ebytes
+    # Between stages each TP rank sends 1/t of the activation when it is split already (sequence
+    # parallelism) or Megatron's scatter/gather splits it (then an all-gather over TP follows on arrival);
+    # otherwise every TP rank sends the whole tensor.
+    split_p2p = t > 1 and (sp or ks.scatter_gather_p2p)
+    send = activation / t if split_p2p else activation
+    gather = activation if (t > 1 and ks.scatter_gather_p2p and not sp and vsn > 1) else 0.0
+    # The embedding's gradient is a dense V/t × h tensor accumulated into main_grad by a hook (never fused).
+    emb_accumulate = _accumulate_block(cost, emb_params, gbytes, ebytes, ks, force=True)
     chunks = []
     for vs, ids in enumerate(parts):
         works = []
         if vs == 0:
             works.append(LayerWork("embedding", _blocks(cost, emb.forward), _blocks(cost, emb.backward_input),
-                                   _op_block(cost, "wgrad", emb.backward_weight), (),
+                                   _op_block(cost, "wgrad", emb.backward_weight) + emb_accumulate, (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
                                    activation_bytes=b * m.seq_len * m.hidden * ebytes / (t if sp else 1)))
         for i in ids:
@@ -261,7 +284,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         if vs == vsn - 1:
             logits_act = b * m.seq_len * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
             works.append(LayerWork("head", _blocks(cost, head.forward), _blocks(cost, head.backward_input),
-                                   _op_block(cost, "wgrad", head.backward_weight), (),
+                                   _weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
                                    activation_bytes=logits_act))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
@@ -291,18 +314,83 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         # two p2p activation buffers.
         buf = 2 * par.bucket_MB * MB if par.zero < 3 else 2 * layer_params * ebytes * par.data
         buf_by_stage.append(buf + 2 * send)
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
-    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
-    one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype)
+    # Every kernel set is a Megatron-family stack: its step is a norm pass, fused Adam, the copy to the
+    # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
+    _, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
+    opt_block, clip = _megatron_optimizer(cost, scenario, max(params_by_stage), gbytes)
+    one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype, attention=m.attention,
+                       attention_dropout_kernel=ks.attention_dropout_kernel)
     fwd1 = sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops)
     rec1 = {"full": fwd1, "selective": sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops
-                                           if op.kind == ATTENTION)}.get(ck.kind, 0.0)
+                                           if tf.is_attention_core(op))}.get(ck.kind, 0.0)
     per_mb = (fwd1 + rec1 + sum(cost.op_time_s(op) for seg in one.backward_input for op in seg.ops)
               + sum(cost.op_time_s(op) for op in one.backward_weight)) * m.layers
     info.single_gpu_time_s = per_mb * scenario.microbatches * par.data + _single_gpu_optimizer_s(
         cost, scenario, info.params_total)
-    return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info
+    job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
+    job.grad_elem_bytes = gbytes
+    job.clip = clip if tr.grad_clip is not None else None
+    if d.tied_embeddings and par.pipeline > 1:
+        job.embedding_sync_bytes = emb_params * gbytes
+    tokens_bytes = 2 * b * m.seq_len * 8  # int64 tokens and labels
+    job.data = Block("load micro-batch", tokens_bytes / H2D_Bps + cost.op_time_s(
+        elementwise("h2d", 0.0, act_dtype)), category=DATA)
+    job.blocking_p2p = ks.blocking_p2p
+    job.gather_bytes = gather
+    job.comm_slowdown = scenario.gpu.comm_compute_slowdown
+    return job, info
+
+
+def _main_grad_bytes(precision: str, ks: KernelSet) -> int:
+    """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
+    fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
+    if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):
+        return 4
+    return _grad_elem_bytes(precision)
+
+
+def _accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
+                      force: bool = False) -> tuple[Block, ...]:
+    """The per-micro-batch ``main_grad.add_(grad)`` pass: read the new gradient and the accumulator, write
+    the accumulator. Absent when the wgrad GEMM accumulates in place (gradient-accumulation fusion),
+    unless ``force`` (parameters the fusion does not cover, e.g. embeddings)."""
+    if params <= 0 or (ks.gradient_accumulation_fusion and not force):
+        return ()
+    op = elementwise("main_grad accumulate", params * (ebytes + 2 * gbytes), "fp32", flops=params)
+    return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
+
+
+def _weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
+                   ebytes: int) -> tuple[Block, ...]:
+    """Weight-gradient GEMMs and their accumulation into main_grad. With gradient-accumulation fusion the
+    GEMM reads and writes its fp32 output (β = 1) instead of writing a 16-bit one."""
+    if ks.gradient_accumulation_fusion and gbytes > ebytes:
+        import dataclasses
+
+        wgrads = tuple(dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
+                       if op.kind == GEMM else op for op in wgrads)
+    return _op_block(cost, "wgrad", wgrads) + _accumulate_block(cost, params, gbytes, ebytes, ks)
+
+
+def _megatron_optimizer(cost: CostModel, scenario, params_per_gpu: float, gbytes: int) -> tuple[Block, Block]:
+    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts above)."""
+    par, tr = scenario.parallel, scenario.training
+    mixed = tr.precision not in ("fp32", "tf32")
+    shard = params_per_gpu / (par.data if par.zero >= 1 else 1)
+    grads = params_per_gpu / (par.data if par.zero >= 2 else 1)
+    if tr.optimizer == "sgd" or not mixed:
+        opt_ops = [elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
+            ("sgd" if tr.optimizer == "sgd" else "adam", mixed)], "fp32")]
+    else:
+        opt_ops = [elementwise("fused adam", shard * 28, "fp32"),
+                   elementwise("copy params to 16-bit", shard * 6, "fp32"),
+                   elementwise("zero main_grad", grads * gbytes, "fp32")]
+    opt = _op_block(cost, "optimizer step", opt_ops)[0]
+    norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
+    clip = Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
+    return opt, clip
 
 
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------

@@ -42,7 +42,8 @@ def _optimizer_bytes_per_param(precision: str, optimizer: str) -> int:
 
 
 def model_state_bytes(
-    params: float, *, zero_stage: int, dp: int, precision: str, optimizer: str = "adam"
+    params: float, *, zero_stage: int, dp: int, precision: str, optimizer: str = "adam",
+    grad_bytes_per_param: float | None = None,
 ) -> dict[str, float]:
     """Weights, gradients and optimizer states per GPU for ``params`` held by this GPU's model shard.
 
@@ -50,6 +51,8 @@ def model_state_bytes(
     momentum, variance; SGD-momentum K = 8). fp32/tf32: 4 + 4 + K (Adam K = 8, SGD-momentum K = 4).
     ZeRO stage 1 shards the optimizer over dp, stage 2 also the gradients, stage 3 also the weights.
     ``params`` is what this GPU holds after tensor/pipeline splitting, before ZeRO.
+    ``grad_bytes_per_param`` overrides the gradient element size (Megatron keeps bf16 models' gradients in
+    an fp32 ``main_grad`` buffer: 4).
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ScenarioError(f"must be 0, 1, 2 or 3, got {zero_stage}", field="training.zero_stage")
@@ -67,7 +70,8 @@ def model_state_bytes(
     elem = _HALF if precision in MIXED_PRECISIONS else DTYPE_BYTES[precision]
     k = _optimizer_bytes_per_param(precision, optimizer)
     weights = elem * params / (dp if zero_stage >= 3 else 1)
-    gradients = elem * params / (dp if zero_stage >= 2 else 1)
+    grad_elem = elem if grad_bytes_per_param is None else grad_bytes_per_param
+    gradients = grad_elem * params / (dp if zero_stage >= 2 else 1)
     optimizer_b = k * params / (dp if zero_stage >= 1 else 1)
     return {"weights": float(weights), "gradients": float(gradients), "optimizer": float(optimizer_b)}
 

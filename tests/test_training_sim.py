@@ -254,10 +254,12 @@ def test_zero_bubble_schedules_match_their_closed_forms(p: int, m: int, tf: floa
 
 def test_zero_communication_volume_matches_rajbhandari() -> None:
     """Per step and GPU, data-parallel traffic (ring: all-reduce moves 2N(p-1)/p, RS and AG N(p-1)/p):
-    ZeRO-1/2 equal plain DDP (2Ψ), ZeRO-3 moves 1.5× (3Ψ), read back from the timeline's bytes."""
+    ZeRO-1/2 equal plain DDP (2Ψ), ZeRO-3 moves 1.5× (3Ψ), read back from the timeline's bytes.
+    fp16, as in the paper: gradients and weights of one size (bf16 Megatron reduces fp32 gradients)."""
     def traffic(zero: int) -> float:
         r = simulate(scenario_from_dict(_tiny(parallel__zero=zero, parallel__pipeline=1, parallel__data=8,
-                                              training__global_batch=16, simulation__symmetry="off")))
+                                              training__global_batch=16, training__precision="fp16",
+                                              simulation__symmetry="off")))
         factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
         return sum(sp.args["bytes"] * factor[sp.args["op"]] for sp in r.timeline.spans
                    if sp.gpu == 0 and sp.category == COMM_DP)

@@ -1,23 +1,37 @@
-"""Datasheet roofline cost model: max(compute, memory) time at the efficiency real kernels reach,
-plus wave quantisation for GEMMs and a fixed launch overhead per kernel."""
+"""Datasheet cost model: each op at the throughput its kernel reaches on this GPU, from public figures.
+
+- GEMM: the shape model (``sim.cost.gemm_model``: best tile and split-K, wave and tile quantisation, short-K
+  pipeline losses) under the GPU's sustained ceiling from its reference profile (MAMF × sustained clock
+  ratio); GPUs without one use ``gemm_efficiency`` × peak as that ceiling. Never faster than moving the bytes.
+- ATTENTION (fused, flash-style): the FLOPs the kernel executes — half the score matrix when causal (the
+  kernels skip masked blocks), 2.5× forward in backward (the score recomputation) — at the fraction of peak
+  public FlashAttention measurements reach for that head size and sequence length.
+- ELEMENTWISE: bytes at the HBM bandwidth streaming kernels reach.
+- every kernel pays ``kernel_launch_us`` (launch and tail; host dispatch bounds are the builder's: it
+  knows the software stack).
+"""
 
 from __future__ import annotations
 
-import math
-
+from sim.cost.gemm_model import GemmShapeModel
+from sim.cost.reference import ReferenceProfile, reference_profile
 from sim.errors import ScenarioError
 from sim.hardware.gpu import GPUSpec
 from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
 
-TILE = 128  # output tile edge of a typical tensor-core GEMM kernel (cuBLAS/CUTLASS 128×128 tiles)
+FLASH_BWD_EXECUTED = 2.5 / 2.0  # backward runs 5 matmuls of the forward's 2 (recomputes QKᵀ); model FLOPs count 2×
 
 
 class RooflineCostModel:
     name = "roofline"
 
-    def __init__(self, gpu: GPUSpec):
+    def __init__(self, gpu: GPUSpec, use_reference: bool = True):
         self.gpu = gpu
-        self._mem_Bps = gpu.memory_bw_Bps * gpu.memory_efficiency
+        self.reference: ReferenceProfile | None = reference_profile(gpu.name) if use_reference else None
+        fraction = self.reference.memory_fraction if self.reference else gpu.memory_efficiency
+        self._mem_Bps = gpu.memory_bw_Bps * fraction
+        self._gemm: dict[str, GemmShapeModel] = {}
+        self._cache: dict[Op, float] = {}
 
     def _peak(self, dtype: str) -> float:
         try:
@@ -29,24 +43,50 @@ class RooflineCostModel:
                 "training.precision",
             ) from None
 
-    def wave_efficiency(self, op: Op) -> float:
-        """Fraction of the SMs doing useful work over the GEMM's waves of output tiles."""
-        if not (op.m and op.n):
-            return 1.0
-        tiles = math.ceil(op.m / TILE) * math.ceil(op.n / TILE) * op.batch
-        waves = math.ceil(tiles / self.gpu.sm_count)
-        return tiles / (waves * self.gpu.sm_count)
+    def gemm_model(self, dtype: str) -> GemmShapeModel:
+        model = self._gemm.get(dtype)
+        if model is None:
+            peak = self._peak(dtype)
+            if self.reference is not None:
+                ref_peak = self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
+                model = self.reference.gemm_model(self.gpu.sm_count, peak, ref_peak)
+            else:
+                model = GemmShapeModel(peak * self.gpu.gemm_efficiency, self.gpu.sm_count)
+            self._gemm[dtype] = model
+        return model
+
+    def gemm_flops_per_s(self, op: Op) -> float:
+        """Throughput of a GEMM op; one without a shape (coarse layers) runs at the ceiling."""
+        model = self.gemm_model(op.dtype)
+        if op.m and op.n and op.k:
+            return model.flops_per_s(op.m, op.n, op.k, op.batch)
+        return model.ceiling_flops_per_s
+
+    def attention_flops_per_s(self, op: Op) -> float:
+        head_dim, seq = op.k or 128, op.n or 2048
+        if self.reference is not None:
+            fraction = self.reference.flash.fraction(seq, head_dim, op.backward)
+        else:
+            fraction = self.gpu.attention_efficiency
+        return self._peak(op.dtype) * fraction
 
     def op_time_s(self, op: Op) -> float:
         if op.kind == FIXED:
             return op.fixed_s
+        t = self._cache.get(op)
+        if t is None:
+            t = self._cache[op] = self._price(op)
+        return t
+
+    def _price(self, op: Op) -> float:
         memory_s = op.bytes / self._mem_Bps
         if op.kind == ELEMENTWISE:
             compute_s = 0.0
         elif op.kind == ATTENTION:
-            compute_s = op.flops / (self._peak(op.dtype) * self.gpu.attention_efficiency)
+            executed = op.flops * (0.5 if op.causal else 1.0) * (FLASH_BWD_EXECUTED if op.backward else 1.0)
+            compute_s = executed / self.attention_flops_per_s(op)
         elif op.kind == GEMM:
-            compute_s = op.flops / (self._peak(op.dtype) * self.gpu.gemm_efficiency * self.wave_efficiency(op))
+            compute_s = op.flops / self.gemm_flops_per_s(op)
         else:  # pragma: no cover - Op kinds are closed
             raise ValueError(op.kind)
         return max(compute_s, memory_s) + self.gpu.kernel_launch_s
@@ -55,4 +95,7 @@ class RooflineCostModel:
         return None
 
     def report(self) -> dict:
-        return {"kind": "roofline", "gpu": self.gpu.name}
+        out: dict = {"kind": "roofline", "gpu": self.gpu.name}
+        if self.reference is not None:
+            out["reference_profile"] = self.reference.path.name
+        return out

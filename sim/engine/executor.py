@@ -21,7 +21,10 @@ from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
+    CLIP_GRAD,
+    COMM_CLIP,
     COMM_DP,
+    COMM_EMB,
     COMM_PP,
     COMM_TP,
     COMPUTE,
@@ -54,6 +57,7 @@ class TrainingExecutor:
             self.gpus = [self.layout.rank(0, 0, s) for s in range(job.pp)]
         else:
             self.gpus = list(range(self.layout.world_size))
+        self._simulated = set(self.gpus)
         self.schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.virtual_stages)
         self._events: dict[tuple, simpy.Event] = {}
         self._waiting: dict[int, str] = {}
@@ -67,6 +71,10 @@ class TrainingExecutor:
         self._binding = self._binding_links() if symmetric else set()
         self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
+        # Compute/communication interference: overlapped collectives in flight per GPU, and an event that
+        # fires when that count changes (a compute block in progress re-evaluates its speed then).
+        self._comm_active: dict[int, int] = {}
+        self._comm_change: dict[int, simpy.Event] = {}
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -181,6 +189,9 @@ class TrainingExecutor:
 
     def _group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
+        if kind == "emb":  # first and last pipeline stage of g's (data, tensor) coordinates
+            d, t, _ = lay.coords(g)
+            return [lay.rank(d, t, 0), lay.rank(d, t, self.job.pp - 1)]
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 
     def _links_of(self, group: list[int]) -> set[int]:
@@ -230,14 +241,14 @@ class TrainingExecutor:
         return out
 
     # ---- collectives -----------------------------------------------------------------------------
-    def _collective(self, g: int, kind: str, op: str, size_bytes: float):
+    def _collective(self, g: int, kind: str, op: str, size_bytes: float, algorithm: str = "ring"):
         """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done."""
         group = self._group(g, kind)
         p = len(group)
         if p == 1 or size_bytes <= 0:
             return
         world = self.world
-        factory = lambda: coll.build(op, "ring", p, size_bytes)  # noqa: E731
+        factory = lambda: coll.build(op, algorithm, p, size_bytes)  # noqa: E731
         if not self.symmetric:
             run = world.collective((kind, tuple(group), op), g, factory, group)
             yield run.join(group.index(g))
@@ -265,11 +276,12 @@ class TrainingExecutor:
         arrive = self._event(key)
         if size_bytes <= 0:  # nothing to send (idealised synthetic pipelines): the data is just there
             arrive.succeed()
-            return
+            return arrive
         dst = self.layout.stage_peer(g, dst_stage)
 
         def body():
             start = env.now
+            self._comm_begin(g)
             rt = world.topology.route(g, dst)
             ev = world.network.transfer_event([(rt.links, 1.0)], size_bytes, rt.latency_s)
             if self.symmetric:
@@ -277,22 +289,109 @@ class TrainingExecutor:
                     prt = world.topology.route(a, b)
                     world.network.transfer_event([(prt.links, 1.0)], size_bytes, prt.latency_s)
             yield ev
+            self._comm_end(g)
             world.span(g, STREAM_P2P, name, COMM_PP, start, {"bytes": size_bytes, "op": "send", "dst": dst})
             arrive.succeed()
             return None
 
         self._stream(g, STREAM_P2P).submit(body)
+        return arrive
+
+    def _gather(self, g: int, what: str, args: dict):
+        """Megatron's scatter/gather p2p: the 1/t slice each TP rank received is all-gathered over TP."""
+        if self.job.gather_bytes <= 0 or self.job.tp == 1:
+            return
+        start = self.env.now
+        yield from self._collective(g, "tp", "all_gather", self.job.gather_bytes)
+        self.world.span(g, STREAM_COMM, f"gather {what} mb{args['microbatch']}", COMM_PP, start,
+                        {"bytes": self.job.gather_bytes, "op": "all_gather", **args})
+
+    def _embedding_sync(self, g: int, step: int):
+        """Tied embeddings with pipelining: first and last stage all-reduce the word-embedding gradient
+        (Megatron's _allreduce_embedding_grads, after the data-parallel reduction, before the step)."""
+        job = self.job
+        _, _, stage = self.layout.coords(g)
+        if job.embedding_sync_bytes <= 0 or stage not in (0, job.pp - 1):
+            return
+        start = self.env.now
+        self._waiting[g] = f"embedding gradient all-reduce (step {step})"
+        yield from self._cross_stage(g, "emb", job.embedding_sync_bytes, step)
+        self.world.span(g, STREAM_COMM, "embedding grads all_reduce", COMM_EMB, start,
+                        {"bytes": job.embedding_sync_bytes, "op": "all_reduce", "step": step})
+
+    def _cross_stage(self, g: int, kind: str, size_bytes: float, step: int, algorithm: str = "ring"):
+        """An all-reduce over a group spanning pipeline stages ("emb", "mp"). Every GPU simulated: the
+        usual rendezvous. With symmetry, each stage's representative stands for its own stage only, so
+        they rendezvous here: the first to be listed runs the collective once all have arrived (with
+        the same-node mirrors' own groups alongside, since they may share the NICs), the others wait."""
+        if not self.symmetric:
+            yield from self._collective(g, kind, "all_reduce", size_bytes, algorithm)
+            return
+        group = self._group(g, kind)
+        members = [x for x in group if x in self._simulated]
+        tag = (kind, step, tuple(group))
+        self._event(("arrive", *tag, g)).succeed()
+        done = self._event(("done", *tag))
+        if g != members[0]:
+            yield done
+            return
+        yield self.env.all_of([self._event(("arrive", *tag, x)) for x in members])
+        p = len(group)
+        mine = self.world.run_collective_alone(coll.build("all_reduce", algorithm, p, size_bytes), group)
+        seen = {tuple(group)}
+        for x in self._same_place(g):
+            other = self._group(x, kind)
+            if tuple(other) not in seen:
+                seen.add(tuple(other))
+                self.world.run_collective_alone(coll.build("all_reduce", algorithm, p, size_bytes), other).join_all()
+        yield mine.join_all()
+        done.succeed()
 
     # ---- compute ---------------------------------------------------------------------------------
+    def _comm_begin(self, g: int) -> None:
+        self._comm_active[g] = self._comm_active.get(g, 0) + 1
+        if self._comm_active[g] == 1:
+            self._comm_changed(g)
+
+    def _comm_end(self, g: int) -> None:
+        self._comm_active[g] -= 1
+        if self._comm_active[g] == 0:
+            self._comm_changed(g)
+
+    def _comm_changed(self, g: int) -> None:
+        ev = self._comm_change.pop(g, None)
+        if ev is not None:
+            ev.succeed()
+
+    def _compute(self, g: int, work_s: float):
+        """Run ``work_s`` of compute; while an overlapped collective of g is in flight it runs
+        1/(1 + comm_slowdown) as fast (NCCL's CTAs hold SMs), re-evaluated whenever that changes."""
+        env, slowdown = self.env, self.job.comm_slowdown
+        if slowdown <= 0:
+            yield env.timeout(work_s)
+            return
+        remaining = work_s
+        while remaining > 1e-12 * work_s:
+            rate = 1.0 / (1.0 + slowdown) if self._comm_active.get(g, 0) else 1.0
+            change = self._comm_change.get(g)
+            if change is None:
+                change = self._comm_change[g] = env.event()
+            t0 = env.now
+            done = env.timeout(remaining / rate)
+            yield done | change
+            if done.processed:
+                return
+            remaining -= (env.now - t0) * rate
+
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
         env, world = self.env, self.world
         slow = self._slow(g)
         for b in blocks:
             if b.dur_s > 0:
                 start = env.now
-                yield env.timeout(b.dur_s * slow)
+                yield from self._compute(g, b.dur_s * slow)
                 world.compute_events += 1
-                world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", category, start, args)
+                world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
             if b.comm and b.comm_bytes > 0 and self.job.tp > 1:
                 start = env.now
                 yield from self._collective(g, "tp", b.comm, b.comm_bytes)
@@ -318,6 +417,9 @@ class TrainingExecutor:
                     if vs > 0:
                         self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
                         yield self._event(("F", g, step, vs, a.microbatch))
+                        yield from self._gather(g, "act", args)
+                    elif job.data is not None:
+                        yield from self._blocks(g, (job.data,), COMPUTE, args, f"F{a.microbatch}")
                     self._memory(g, sum(lw.activation_bytes for lw in chunk.layers))
                     gathers = self._zero3_gathers(g, chunk.layers)
                     for i, lw in enumerate(chunk.layers):
@@ -325,13 +427,16 @@ class TrainingExecutor:
                             yield gathers(i)
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
                     if vs < V - 1:
-                        self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
-                                   ("F", self.layout.stage_peer(g, (vs + 1) % job.pp), step, vs + 1, a.microbatch),
-                                   f"send act mb{a.microbatch}")
+                        sent = self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
+                                          ("F", self.layout.stage_peer(g, (vs + 1) % job.pp), step, vs + 1,
+                                           a.microbatch), f"send act mb{a.microbatch}")
+                        if job.blocking_p2p:
+                            yield sent
                 else:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
+                        yield from self._gather(g, "grad", args)
                     final = idx in last_grad_action
                     layers = chunk.layers[::-1]
                     gathers = self._zero3_gathers(g, layers)
@@ -357,9 +462,11 @@ class TrainingExecutor:
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
                         if vs > 0:
-                            self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
-                                       ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1, a.microbatch),
-                                       f"send grad mb{a.microbatch}")
+                            sent = self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
+                                              ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1,
+                                               a.microbatch), f"send grad mb{a.microbatch}")
+                            if job.blocking_p2p:
+                                yield sent
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             if job.compression_ratio is not None:
@@ -367,6 +474,7 @@ class TrainingExecutor:
             self._waiting[g] = f"data-parallel gradient sync (step {step})"
             if dp_events:
                 yield self.env.all_of(dp_events)
+            yield from self._embedding_sync(g, step)
             yield from self._optimizer(g, step)
             self.step_end_s[step] = max(self.step_end_s[step], self.env.now)
         self._finished.add(g)
@@ -390,7 +498,9 @@ class TrainingExecutor:
 
         def body():
             start = env.now
+            self._comm_begin(g)
             yield from self._collective(g, "dp", op, size_bytes)
+            self._comm_end(g)
             if env.now > start:
                 world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start, {"bytes": size_bytes, "op": op, "step": step})
             return None
@@ -422,7 +532,9 @@ class TrainingExecutor:
 
         def body():
             start = env.now
+            self._comm_begin(g)
             yield from self._collective(g, "dp", "all_gather", size_bytes)
+            self._comm_end(g)
             if env.now > start:
                 world.span(g, STREAM_DP, "all_gather params", COMM_DP, start, {"bytes": size_bytes, "op": "all_gather"})
             return None
@@ -453,6 +565,17 @@ class TrainingExecutor:
                 world.span(g, STREAM_COMM, "found_inf all_reduce", COMM_TP, start, {"bytes": 4.0, "op": "all_reduce"})
         if step in job.overflow_steps:
             return  # overflow: the update is skipped, the scale backs off
+        if job.clip is not None:
+            yield from self._blocks(g, (job.clip,), CLIP_GRAD, {"step": step}, "")
+            start = env.now
+            # The squared norm is summed over the model-parallel group (and over data-parallel ranks
+            # when ZeRO shards the gradients or the optimizer: Megatron's distributed optimizer).
+            # A 4-byte all-reduce: NCCL picks its tree for messages this small (latency-bound).
+            yield from self._cross_stage(g, "mp", 4.0, step, "tree")
+            if job.zero >= 1:
+                yield from self._collective(g, "dp", "all_reduce", 4.0, "tree")
+            if env.now > start:
+                world.span(g, STREAM_COMM, "grad norm all_reduce", COMM_CLIP, start, {"bytes": 4.0, "op": "all_reduce"})
         yield from self._blocks(g, (job.optimizer,), OPTIMIZER, {"step": step}, "")
         if job.zero in (1, 2) and job.dp > 1:
             _, _, stage = self.layout.coords(g)

@@ -19,6 +19,7 @@ class Block:
     comm: str | None = None
     comm_bytes: float = 0.0
     flops: float = 0.0
+    category: str | None = None  # span category; None: the caller's (forward, backward, …)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class TrainingJob:
     grad_elem_bytes: int = 2
     static_bytes: list[float] = field(default_factory=list)  # per stage: weights+grads+optimizer+buffers
     steps: int = 1
+    clip: Block | None = None  # gradient-norm pass; then a 4-byte all-reduce over the model-parallel group
+    embedding_sync_bytes: float = 0.0  # tied embeddings across stages: first↔last stage gradient all-reduce
+    data: Block | None = None  # loading a micro-batch (first virtual stage, before its forward)
+    blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
+    gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
+    comm_slowdown: float = 0.0  # compute runs 1/(1+x) slower while this GPU's overlapped comm is active
 
     @property
     def split_backward(self) -> bool:

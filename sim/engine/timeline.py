@@ -13,12 +13,18 @@ BACKWARD_WEIGHT = "backward_weight"  # W of zero-bubble schedules
 RECOMPUTE = "recompute"
 OPTIMIZER = "optimizer"
 COMPUTE = "compute"  # anything else on a compute stream
+GRAD_ACCUM = "grad_accum"  # per-micro-batch accumulation of weight gradients into fp32 main_grad
+CLIP_GRAD = "clip_grad"  # gradient-norm pass before the optimizer
+DATA = "data"  # loading a micro-batch's tokens onto the GPU
 COMM_TP = "comm_tp"
 COMM_DP = "comm_dp"
 COMM_PP = "comm_pp"
+COMM_EMB = "comm_embedding"  # tied-embedding gradient all-reduce between first and last stage
+COMM_CLIP = "comm_clip"  # the gradient-norm all-reduce
 COMM = "comm"  # a standalone collective workload
-COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE)
-COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM)
+COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE,
+                      GRAD_ACCUM, CLIP_GRAD, DATA)
+COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EMB, COMM_CLIP, COMM)
 
 # Stream names (Chrome trace tid).
 STREAM_COMPUTE = "compute"

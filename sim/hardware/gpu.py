@@ -26,6 +26,10 @@ class GPUSpec(BaseModel):
     attention_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of peak fused attention reaches")
     memory_efficiency: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     kernel_launch_us: float = Field(4.0, ge=0, description="fixed per-kernel overhead, µs")
+    comm_sms: int = Field(
+        16, ge=0, description="SMs NCCL kernels occupy while a collective runs (one CTA per channel; "
+        "NCCL uses up to 16 channels on InfiniBand rings by default, NCCL_MAX_NCHANNELS): compute that "
+        "overlaps communication runs on the rest")
     nvlink: str | None = Field(None, description="default intra-node link preset")
     price_per_gpu_hour: float = Field(2.0, ge=0, description="USD per GPU-hour (editable)")
     power_W: float = Field(400.0, ge=0, description="board power under load, W")
@@ -49,6 +53,11 @@ class GPUSpec(BaseModel):
     @property
     def kernel_launch_s(self) -> float:
         return self.kernel_launch_us * US
+
+    @property
+    def comm_compute_slowdown(self) -> float:
+        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms)."""
+        return self.comm_sms / max(1, self.sm_count - self.comm_sms)
 
 
 GPU_PRESETS: dict[str, GPUSpec] = {

@@ -29,9 +29,14 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.RECOMPUTE: "#F0E442",  # yellow, hatched as well (not a blue: lighter blues mark odd virtual chunks)
     tl.OPTIMIZER: "#CC79A7",  # reddish purple
     tl.COMPUTE: "#AAAAAA",  # grey: anything else on a compute stream
+    tl.GRAD_ACCUM: "#88CCEE",  # cyan: per-micro-batch gradient accumulation
+    tl.CLIP_GRAD: "#AA4499",  # purple: gradient-norm pass
+    tl.DATA: "#DDDDDD",  # pale grey: loading a micro-batch
     tl.COMM_TP: "#999933",  # olive
     tl.COMM_DP: "#332288",  # indigo
     tl.COMM_PP: "#882255",  # wine
+    tl.COMM_EMB: "#117733",  # green: tied-embedding gradient all-reduce
+    tl.COMM_CLIP: "#661100",  # brown: gradient-norm all-reduce
     tl.COMM: "#44AA99",  # teal: a standalone collective workload
 }
 CATEGORY_HATCHES: dict[str, str] = {tl.RECOMPUTE: "////"}
@@ -43,6 +48,11 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.RECOMPUTE: "recompute",
     tl.OPTIMIZER: "optimizer",
     tl.COMPUTE: "other compute",
+    tl.GRAD_ACCUM: "grad accumulation",
+    tl.CLIP_GRAD: "grad-norm clipping",
+    tl.DATA: "data loading",
+    tl.COMM_EMB: "embedding grad all-reduce",
+    tl.COMM_CLIP: "grad-norm all-reduce",
     tl.COMM_TP: "TP collective",
     tl.COMM_DP: "DP collective",
     tl.COMM_PP: "PP send/recv",

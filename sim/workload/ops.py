@@ -17,6 +17,9 @@ class Op:
 
     flops: floating-point operations; bytes: HBM traffic (reads + writes); dtype: compute precision.
     For GEMMs, (m, n, k) is the per-GPU shape and ``batch`` the number of such GEMMs (flops covers all).
+    Fused attention keeps (m, n, k) = (queries, keys, head_dim) of one head and batch = b × heads; its
+    ``flops`` follow the model-FLOP convention (4bs²h forward, twice that backward, mask not halved), and
+    ``backward``/``causal`` tell the cost model what the kernel really executes.
     """
 
     name: str
@@ -29,6 +32,8 @@ class Op:
     k: int = 0
     batch: int = 1
     fixed_s: float = 0.0
+    backward: bool = False
+    causal: bool = False
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1) -> Op:

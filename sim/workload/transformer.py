@@ -279,7 +279,8 @@ def _activation_bwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
 
 
 def _attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool) -> Op:
-    """Fused attention core on this GPU's heads: 4bs²h/t FLOPs forward, twice that backward."""
+    """Fused (flash) attention core on this GPU's heads: 4bs²h/t model FLOPs forward, twice that backward;
+    causal (decoder-only), so the kernel skips the masked half (the cost model prices that)."""
     s, heads_t = d.seq_len, d.heads // tp
     e = DTYPE_BYTES[dtype]
     tokens = b * s
@@ -302,7 +303,49 @@ def _attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, ba
         n=s,
         k=d.head_dim,
         batch=b * heads_t,
+        backward=backward,
+        causal=True,
     )
+
+
+def _standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_kernel: bool
+                        ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Unfused attention as Megatron-LM ran it before flash attention: (forward ops, backward ops).
+
+    Forward: scores = QKᵀ (``torch.baddbmm``, one GEMM per head), the fused scale-mask-softmax kernel over
+    the b·heads·s² scores, dropout on the probabilities (its own kernel when ``dropout_kernel``), then
+    context = probs·V (``torch.bmm``). Backward: dprobs = dctx·Vᵀ and dV = probsᵀ·dctx, dropout and softmax
+    backward over s², then dQ = dS·K and dK = dSᵀ·Q. Causal masking does not shrink any of it: the GEMMs
+    compute the full s² and the softmax reads and writes it all. FLOPs equal the flash op's (4bs²h/t,
+    twice that backward).
+    """
+    s, heads_t, hd = d.seq_len, d.heads // tp, d.head_dim
+    e = DTYPE_BYTES[dtype]
+    batch = b * heads_t
+    scores = float(batch * s * s)  # elements of the score matrices on this GPU
+    fwd: list[Op] = [
+        gemm("attention.scores", s, s, hd, dtype, batch),
+        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores),
+    ]
+    bwd: list[Op] = [
+        gemm("attention.dprobs", s, s, hd, dtype, batch),
+        gemm("attention.dv", s, hd, s, dtype, batch),
+    ]
+    if dropout_kernel:
+        fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores))
+        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores))
+    fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
+    bwd += [
+        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores),
+        gemm("attention.dq", s, hd, s, dtype, batch),
+        gemm("attention.dk", s, hd, s, dtype, batch),
+    ]
+    return tuple(fwd), tuple(bwd)
+
+
+def is_attention_core(op: Op) -> bool:
+    """The ops of the attention core (what selective recomputation re-runs), flash or standard."""
+    return op.name == "attention" or op.name.startswith("attention.")
 
 
 def _dgrad(op: Op) -> Op:
@@ -319,9 +362,13 @@ def _wgrad(op: Op) -> Op:
 
 
 def layer_ops(
-    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
+    attention: str = "flash", attention_dropout_kernel: bool = False,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
+
+    ``attention``: "flash" (one fused kernel) or "standard" (batched GEMMs, softmax and, with
+    ``attention_dropout_kernel``, a dropout kernel over the scores: see ``_standard_attention``).
 
     Forward (no SP): [norm1, QKV, attention, out-proj] → AR; [dropout-add1, norm2, MLP up, act, MLP down] → AR;
     [dropout-add2]. With SP: [norm1] → AG; [QKV, attention, out-proj] → RS; [dropout-add1, norm2] → AG;
@@ -343,8 +390,14 @@ def layer_ops(
     up = gemm(up_name, tokens, (2 if d.mlp == "swiglu" else 1) * ffn_t, h, dtype)
     down = gemm("mlp_down", tokens, h, ffn_t, dtype)
 
+    if attention not in ("flash", "standard"):
+        raise ScenarioError(f"{attention!r} is not one of flash, standard", field="model.attention")
     norm1 = _norm_fwd("norm1", local, h, act)
-    core = _attention_op("attention", d, b, t, act, backward=False)
+    if attention == "flash":
+        core: tuple[Op, ...] = (_attention_op("attention", d, b, t, act, backward=False),)
+        core_b: tuple[Op, ...] = (_attention_op("attention.bwd", d, b, t, act, backward=True),)
+    else:
+        core, core_b = _standard_attention(d, b, t, act, attention_dropout_kernel)
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act)
     norm2 = _norm_fwd("norm2", local, h, act)
     mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)
@@ -353,14 +406,14 @@ def layer_ops(
     if sp:
         forward = (
             _seg((norm1,), before_col, comm_bytes),
-            _seg((qkv, core, attn_out), after_row, comm_bytes),
+            _seg((qkv, *core, attn_out), after_row, comm_bytes),
             _seg((add1, norm2), before_col, comm_bytes),
             _seg((up, mlp_act, down), after_row, comm_bytes),
             _seg((add2,), None, 0.0),
         )
     else:
         forward = (
-            _seg((norm1, qkv, core, attn_out), after_row, comm_bytes),
+            _seg((norm1, qkv, *core, attn_out), after_row, comm_bytes),
             _seg((add1, norm2, up, mlp_act, down), after_row, comm_bytes),
             _seg((add2,), None, 0.0),
         )
@@ -369,12 +422,11 @@ def layer_ops(
     act_b = _activation_bwd(d.mlp, tokens, ffn_t, act)
     norm2_b = _norm_bwd("norm2.bwd", local, h, act)
     add1_b = _dropout_add_bwd("attn_dropout_add.bwd", local, h, act)
-    core_b = _attention_op("attention.bwd", d, b, t, act, backward=True)
     norm1_b = _norm_bwd("norm1.bwd", local, h, act)
     grad_row = _conjugate(after_row, t)  # AG with SP, identity without
     grad_col = _conjugate(before_col, t)  # RS with SP, AR without
     mlp_grads = (_dgrad(down), act_b, _dgrad(up))
-    attn_grads = (_dgrad(attn_out), core_b, _dgrad(qkv))
+    attn_grads = (_dgrad(attn_out), *core_b, _dgrad(qkv))
     if sp:
         backward_input = (
             _seg((add2_b,), grad_row, comm_bytes),

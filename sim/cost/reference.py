@@ -1,0 +1,85 @@
+"""Reference profiles: the public figures that price kernels on a preset GPU when nothing was measured.
+
+One JSON file per GPU preset in ``sim/cost/reference/`` (same envelope as a calibration profile:
+schema_version, kind, metadata, fits, plus ``sources`` naming where every number comes from). The roofline
+cost model reads it; a measured profile (``dtsim calibrate``) replaces what it measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.cost.gemm_model import GemmShapeModel
+
+REFERENCE_DIR = Path(__file__).with_name("reference")
+REFERENCE_KIND = "dtsim-reference-profile"
+# Presets that share a die (and so a profile) with another preset.
+SAME_DIE = {"A100-40GB": "A100-80GB"}
+
+
+@dataclass(frozen=True)
+class FlashAttentionFit:
+    """Fraction of the dtype's peak a fused attention kernel reaches at long sequences, per pass."""
+
+    fwd_fraction: float
+    bwd_fraction: float
+    seq_half: float = 256.0  # efficiency × s/(s + seq_half): short sequences leave the SMs underfed
+    head_dim_64_factor: float = 0.85  # head_dim ≤ 64 reaches this share of head_dim 128's rate
+    kernel: str = ""
+
+    def fraction(self, seq_len: int, head_dim: int, backward: bool) -> float:
+        base = self.bwd_fraction if backward else self.fwd_fraction
+        hd = self.head_dim_64_factor if head_dim <= 64 else 1.0
+        return base * hd * seq_len / (seq_len + self.seq_half)
+
+
+@dataclass(frozen=True)
+class ReferenceProfile:
+    name: str
+    path: Path
+    gemm_mamf_flops_per_s: float
+    gemm_mamf_shape: tuple[int, int, int]
+    sustained_clock_ratio: float
+    k_overhead: float
+    tile_feed: float
+    flash: FlashAttentionFit
+    memory_fraction: float
+    sources: dict
+
+    def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float) -> GemmShapeModel:
+        """The shape model whose best-shape throughput equals MAMF × the sustained clock ratio.
+
+        The ceiling scales with ``peak_flops_per_s / reference_peak_flops_per_s`` so the same profile
+        prices other dtypes (fp8, tf32) at the same share of their own peak."""
+        probe = GemmShapeModel(1.0, sm_count, self.k_overhead, self.tile_feed)
+        at_best = probe.efficiency(*self.gemm_mamf_shape)
+        ceiling = self.gemm_mamf_flops_per_s / at_best * self.sustained_clock_ratio
+        return GemmShapeModel(ceiling * peak_flops_per_s / reference_peak_flops_per_s, sm_count,
+                              self.k_overhead, self.tile_feed)
+
+
+@functools.cache
+def reference_profile(gpu_name: str) -> ReferenceProfile | None:
+    """The shipped reference profile of a GPU preset, or None (inline GPUs, presets without one)."""
+    name = SAME_DIE.get(gpu_name, gpu_name)
+    path = REFERENCE_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("kind") != REFERENCE_KIND:
+        raise ValueError(f"{path}: not a {REFERENCE_KIND}")
+    g, fa, mem = data["fits"]["gemm"], data["fits"]["flash_attention"], data["fits"]["memory"]
+    return ReferenceProfile(
+        name=name, path=path,
+        gemm_mamf_flops_per_s=float(g["mamf_flops_per_s"]),
+        gemm_mamf_shape=tuple(int(x) for x in g["mamf_shape"]),  # type: ignore[arg-type]
+        sustained_clock_ratio=float(g["sustained_clock_ratio"]),
+        k_overhead=float(g["k_overhead"]), tile_feed=float(g["tile_feed"]),
+        flash=FlashAttentionFit(float(fa["fwd_fraction"]), float(fa["bwd_fraction"]), float(fa["seq_half"]),
+                                float(fa["head_dim_64_factor"]), str(fa.get("kernel", ""))),
+        memory_fraction=float(mem["stream_fraction"]),
+        sources=dict(data.get("sources", {})),
+    )

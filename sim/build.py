@@ -332,8 +332,8 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.clip = clip if tr.grad_clip is not None else None
-    if d.tied_embeddings and par.pipeline > 1:
-        job.embedding_sync_bytes = emb_params * gbytes
+    if d.tied_embeddings and par.pipeline > 1:  # the word embeddings only (positions stay on stage 0)
+        job.embedding_sync_bytes = math.ceil(d.vocab / t) * d.hidden * gbytes
     tokens_bytes = 2 * b * m.seq_len * 8  # int64 tokens and labels
     job.data = Block("load micro-batch", tokens_bytes / H2D_Bps + cost.op_time_s(
         elementwise("h2d", 0.0, act_dtype)), category=DATA)

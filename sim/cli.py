@@ -52,8 +52,10 @@ def summary_table(summary: dict) -> str:
         ("pipeline utilisation", f"{summary['pipeline_utilisation']:.1%}"),
     ]
     if "mfu" in summary:
-        rows.append(("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%} "
-                                  f"({summary['model_tflops_per_gpu']:.1f} TFLOP/s per GPU)"))
+        rows.append(("MFU (model FLOPs)", f"{summary['mfu']:.1%} ({summary['model_tflops_per_gpu']:.1f} "
+                                          "TFLOP/s per GPU)"))
+        rows.append(("HFU (with recompute)", f"{summary['hfu']:.1%} "
+                                             f"({summary['hardware_tflops_per_gpu']:.1f} TFLOP/s per GPU)"))
     if "speedup" in summary:
         rows.append(("speedup / efficiency", f"{summary['speedup']:.2f}× / {summary['efficiency']:.1%} "
                                              f"(overhead {summary['overhead_gpu_s']:.4g} GPU·s)"))

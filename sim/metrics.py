@@ -89,7 +89,10 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, n
         "pipeline_utilisation": float(np.mean(util)),
     }
     if model_flops > 0 and peak_flops > 0:
+        # Model FLOPs count the model once (3 × forward); hardware FLOPs add what recomputation re-runs.
+        # Papers quote either (Narayanan et al. 2021 count recompute; Chowdhery et al.'s MFU does not).
         out["model_tflops_per_gpu"] = model_flops / step_time / num_gpus / 1e12
+        out["hardware_tflops_per_gpu"] = hardware_flops / step_time / num_gpus / 1e12
         out["mfu"] = model_flops / (step_time * num_gpus * peak_flops)
         out["hfu"] = hardware_flops / (step_time * num_gpus * peak_flops)
     if single_gpu_time_s > 0:

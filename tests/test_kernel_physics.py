@@ -1,0 +1,163 @@
+"""Issue-8 physics, each against a hand calculation: GEMM efficiency by shape, reference profiles,
+flash vs standard attention, compute/communication interference, and the work of a Megatron step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.api import simulate
+from sim.build import build_job, cost_model_for
+from sim.cost.gemm_model import GemmShapeModel
+from sim.cost.roofline import RooflineCostModel
+from sim.engine.executor import TrainingExecutor
+from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
+from sim.engine.timeline import (
+    CLIP_GRAD,
+    COMM_CLIP,
+    COMM_DP,
+    COMM_EMB,
+    DATA,
+    GRAD_ACCUM,
+)
+from sim.hardware.gpu import GPU_PRESETS
+from sim.scenario import scenario_from_dict
+from sim.workload import transformer as tf
+from sim.workload.ops import ATTENTION, GEMM
+from tests.test_training_sim import _tiny, world
+
+A100 = GPU_PRESETS["A100-80GB"]
+GPT3 = tf.TransformerDims(layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=51200, seq_len=2048)
+
+
+def test_gemm_efficiency_is_the_best_tile_by_hand() -> None:
+    """(2048, 4608, 12288) on 108 SMs. 256×128 tiles: 8·36 = 288 tiles in 3 waves (288/324 = 0.889).
+    128×64 tiles: 16·72 = 1152 tiles in 11 waves (1152/1188 = 0.970) but a smaller tile, fed at
+    raw(128, 64)/raw(256, 128) = 0.921 of the large one's rate: 0.893, the best. Times K's 12288/(12288+64)."""
+    g = GemmShapeModel(1.0, 108)
+    raw = lambda a, b: (a * b / (a + b)) / (a * b / (a + b) + 8.0)  # noqa: E731
+    big = 288 / 324
+    small = 1152 / 1188 * raw(128, 64) / raw(256, 128)
+    assert small > big
+    assert g.efficiency(2048, 4608, 12288) == pytest.approx(small * 12288 / (12288 + 64), rel=1e-12)
+    assert g.tile_efficiency(64, 64) == pytest.approx(raw(64, 64) / raw(256, 128))
+    # Short K (attention's head_dim) and thin outputs reach far less than large square GEMMs.
+    assert g.efficiency(2048, 2048, 128) < 0.7 < g.efficiency(8192, 8192, 8192)
+    assert g.efficiency(64, 12288, 12288) < g.efficiency(2048, 12288, 12288)
+
+
+def test_reference_profile_reproduces_sustained_mamf() -> None:
+    """A100: at the MAMF shape the model gives MAMF (267.9 TFLOP/s) × 1305/1410 (sustained clock)."""
+    cost = RooflineCostModel(A100)
+    ref = cost.reference
+    assert ref is not None and ref.gemm_mamf_shape == (6912, 16384, 2048)
+    got = cost.gemm_model("bf16").flops_per_s(*ref.gemm_mamf_shape)
+    assert got == pytest.approx(267.9e12 * 1305 / 1410, rel=1e-3)
+    # An inline GPU without a reference profile uses gemm_efficiency × peak as its ceiling.
+    inline = GPU_PRESETS["A100-80GB"].model_copy(update={"name": "my-gpu"})
+    assert RooflineCostModel(inline).gemm_model("bf16").ceiling_flops_per_s == pytest.approx(0.8 * 312e12)
+
+
+def test_causal_flash_attention_executes_half_the_scores() -> None:
+    cost = RooflineCostModel(A100)
+    lo = tf.layer_ops(GPT3, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16")
+    fwd = next(op for s in lo.forward for op in s.ops if op.name == "attention")
+    frac = 0.72 * 2048 / (2048 + 256)  # FlashAttention-2 forward fraction at s = 2048, head_dim 128
+    expect = fwd.flops / 2 / (312e12 * frac) + A100.kernel_launch_s
+    assert cost.op_time_s(fwd) == pytest.approx(expect, rel=1e-9)
+    bwd = next(op for s in lo.backward_input for op in s.ops if op.name == "attention.bwd")
+    expect_b = bwd.flops * 1.25 / 2 / (312e12 * 0.60 * 2048 / 2304) + A100.kernel_launch_s
+    assert cost.op_time_s(bwd) == pytest.approx(expect_b, rel=1e-9)
+
+
+def test_standard_attention_is_slower_than_flash_for_gpt3_layers() -> None:
+    """s = 2048, GPT-3 175B layer on TP 8: the unfused bmm + softmax + dropout path costs more time,
+    the same FLOPs, and its softmax moves the b·heads·s² scores (2 bytes in, 2 out)."""
+    cost = RooflineCostModel(A100)
+
+    def layer(attention: str) -> tuple[float, float]:
+        lo = tf.layer_ops(GPT3, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16",
+                          attention=attention, attention_dropout_kernel=True)
+        ops = [op for s in lo.forward + lo.backward_input for op in s.ops] + list(lo.backward_weight)
+        matmul = sum(op.flops for op in ops if op.kind in (GEMM, ATTENTION))
+        return sum(cost.op_time_s(op) for op in ops), matmul
+
+    (t_flash, f_flash), (t_std, f_std) = layer("flash"), layer("standard")
+    assert t_std > t_flash * 1.02
+    assert f_std == pytest.approx(f_flash, rel=1e-12)
+    lo = tf.layer_ops(GPT3, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16", attention="standard")
+    softmax = next(op for s in lo.forward for op in s.ops if op.name == "attention.softmax")
+    assert softmax.bytes == 2 * 2 * (96 // 8) * 2048 * 2048
+
+
+def test_compute_overlapping_a_collective_slows_by_the_sms_it_loses() -> None:
+    """Two layers, DDP overlap: layer 1's gradients are all-reduced while layer 0's backward runs. With
+    slowdown x, that backward does C/(1+x) of work during the all-reduce's C seconds, the rest at full
+    speed: its span lasts C + B − C/(1+x)."""
+    x, b_s = 0.25, 0.050
+    lw = [LayerWork(f"L{i}", (Block("f", 0.01),), (Block("b", b_s),), (), grad_bytes=200e6) for i in range(2)]
+    job = TrainingJob(dp=2, tp=1, pp=1, virtual_stages=1, microbatches=1, schedule="1f1b",
+                      chunks=[ChunkWork(tuple(lw))], bucket_bytes=1.0, static_bytes=[0.0], comm_slowdown=x)
+    ex = TrainingExecutor(world(2, 1), job, symmetric=False)
+    ex.run()
+    spans = [s for s in ex.world.timeline.spans if s.gpu == 0]
+    dp = [s for s in spans if s.category == COMM_DP]
+    c = dp[0].dur_s
+    assert 0 < c < b_s
+    b0 = next(s for s in spans if s.name.endswith("L0 b"))
+    assert b0.start_s == pytest.approx(dp[0].start_s, abs=1e-12)
+    assert b0.dur_s == pytest.approx(c + b_s - c / (1 + x), rel=1e-9)
+
+
+def _megatron(**over):
+    base = dict(training__kernels="megatron-lm-2021", parallel__data=2, parallel__tensor=2, parallel__pipeline=4,
+                training__global_batch=16, simulation__symmetry="off")
+    base.update(over)
+    return scenario_from_dict(_tiny(**base))
+
+
+def test_megatron_2021_step_puts_every_piece_of_work_on_the_timeline() -> None:
+    sc = _megatron()
+    r = simulate(sc)
+    cats = {s.category for s in r.timeline.spans}
+    for cat in (GRAD_ACCUM, CLIP_GRAD, COMM_CLIP, COMM_EMB, DATA, COMM_DP):
+        assert cat in cats, cat
+    # No overlap in 2021: the gradient all-reduce of a GPU starts after its last backward work.
+    for g in r.timeline.gpus:
+        mine = [s for s in r.timeline.spans if s.gpu == g]
+        last_bwd = max(s.end_s for s in mine if s.category == GRAD_ACCUM)
+        first_dp = min(s.start_s for s in mine if s.category == COMM_DP)
+        assert first_dp >= last_bwd - 1e-12
+    # Tied embeddings: first and last stage all-reduce V/t × h fp32 word-embedding gradients.
+    emb = [s for s in r.timeline.spans if s.category == COMM_EMB]
+    assert {r.timeline.stage_of[s.gpu] for s in emb} == {0, 3}
+    assert emb[0].args["bytes"] == math.ceil(32000 / 2) * 1024 * 4
+
+
+def test_megatron_step_work_by_hand() -> None:
+    """Grad accumulation moves 2 + 4 + 4 bytes per layer parameter per micro-batch; the optimizer step
+    28 (Adam) + 6 (copy to bf16) + 4 (zero main_grad) bytes per parameter; at the reference bandwidth."""
+    sc = _megatron()
+    cost = cost_model_for(sc)
+    job, info = build_job(sc, cost)
+    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
+    d = sc.model
+    layer_params = tf.layer_params(tf.TransformerDims(layers=d.layers, hidden=d.hidden, heads=d.heads,
+                                                      ffn_hidden=d.ffn_hidden, vocab=d.vocab,
+                                                      seq_len=d.seq_len)) / 2
+    acc = next(b for b in job.chunks[1].layers[0].weight if b.category == GRAD_ACCUM)
+    assert acc.dur_s == pytest.approx(layer_params * 10 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+    params = max(x["weights"] for x in info.memory_by_stage) / 2  # bf16 weights: 2 bytes each
+    expect = params * (28 + 6 + 4) / bw + 3 * sc.gpu.kernel_launch_s
+    assert job.optimizer.dur_s == pytest.approx(expect, rel=1e-9)
+    assert job.grad_elem_bytes == 4
+
+
+def test_gradient_accumulation_fusion_removes_the_pass() -> None:
+    fused = _megatron(training__kernels="megatron-lm-2022")
+    job, _ = build_job(fused, cost_model_for(fused))
+    layer = job.chunks[1].layers[0]
+    assert not any(b.category == GRAD_ACCUM for b in layer.weight)
+    slow = simulate(_megatron()).summary["step_time_s"]
+    assert simulate(fused).summary["step_time_s"] < slow

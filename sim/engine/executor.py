@@ -13,6 +13,8 @@ process and every collective is simulated.
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 from sim.engine import collectives as coll
@@ -71,10 +73,11 @@ class TrainingExecutor:
         self._binding = self._binding_links() if symmetric else set()
         self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
-        # Compute/communication interference: overlapped collectives in flight per GPU, and an event that
-        # fires when that count changes (a compute block in progress re-evaluates its speed then).
+        # Compute/communication interference: overlapped collectives in flight per GPU, and the time
+        # during which any was (cumulative, up to the mark where the current activity began).
         self._comm_active: dict[int, int] = {}
-        self._comm_change: dict[int, simpy.Event] = {}
+        self._active_cum: dict[int, float] = {}
+        self._active_mark: dict[int, float] = {}
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -349,39 +352,37 @@ class TrainingExecutor:
 
     # ---- compute ---------------------------------------------------------------------------------
     def _comm_begin(self, g: int) -> None:
+        if self._comm_active.get(g, 0) == 0:
+            self._active_mark[g] = self.env.now
         self._comm_active[g] = self._comm_active.get(g, 0) + 1
-        if self._comm_active[g] == 1:
-            self._comm_changed(g)
 
     def _comm_end(self, g: int) -> None:
         self._comm_active[g] -= 1
         if self._comm_active[g] == 0:
-            self._comm_changed(g)
+            self._active_cum[g] = self._active_cum.get(g, 0.0) + self.env.now - self._active_mark[g]
 
-    def _comm_changed(self, g: int) -> None:
-        ev = self._comm_change.pop(g, None)
-        if ev is not None:
-            ev.succeed()
+    def _active_time(self, g: int) -> float:
+        """Seconds so far during which an overlapped collective of g was in flight."""
+        t = self._active_cum.get(g, 0.0)
+        if self._comm_active.get(g, 0):
+            t += self.env.now - self._active_mark[g]
+        return t
 
     def _compute(self, g: int, work_s: float):
-        """Run ``work_s`` of compute; while an overlapped collective of g is in flight it runs
-        1/(1 + comm_slowdown) as fast (NCCL's CTAs hold SMs), re-evaluated whenever that changes."""
-        env, slowdown = self.env, self.job.comm_slowdown
-        if slowdown <= 0:
+        """Run ``work_s`` of compute. While an overlapped collective of g is in flight the SMs its NCCL
+        kernels hold are lost, so compute runs 1/(1 + comm_slowdown) as fast. Exact with plain timeouts:
+        at each wake-up the work done is the elapsed time less the share lost to the active time."""
+        env, x = self.env, self.job.comm_slowdown
+        if x <= 0:
             yield env.timeout(work_s)
             return
+        lost = x / (1.0 + x)
+        t0, a0 = env.now, self._active_time(g)
         remaining = work_s
-        while remaining > 1e-12 * work_s:
-            rate = 1.0 / (1.0 + slowdown) if self._comm_active.get(g, 0) else 1.0
-            change = self._comm_change.get(g)
-            if change is None:
-                change = self._comm_change[g] = env.event()
-            t0 = env.now
-            done = env.timeout(remaining / rate)
-            yield done | change
-            if done.processed:
-                return
-            remaining -= (env.now - t0) * rate
+        # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
+        while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
+            yield env.timeout(remaining * (1.0 + x) if self._comm_active.get(g, 0) else remaining)
+            remaining = work_s - ((env.now - t0) - (self._active_time(g) - a0) * lost)
 
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
         env, world = self.env, self.world

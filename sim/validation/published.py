@@ -168,7 +168,7 @@ def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -
         sc = load_scenario(scenario_path(case, cases_file), overrides or [])
     except ScenarioError as exc:
         raise ScenarioError(f"case {case.name}: {exc}") from None
-    if not isinstance(sc.model, TransformerModel) or sc.parallel is None:
+    if not isinstance(sc.model, TransformerModel) or sc.parallel is None or sc.training is None:
         raise ScenarioError(f"case {case.name}: {show(case.scenario)} — a published case is a transformer "
                             "training run; give a scenario with model kind transformer and a parallel layout",
                             "scenario")

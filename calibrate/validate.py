@@ -377,7 +377,12 @@ def _jobs(value: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=PROG, description="Run small real training jobs and compare with the simulator.")
+    p = Parser(
+        prog=PROG,
+        description="Run small real training jobs and compare with the simulator.",
+        epilog="`dtsim validate --published` instead compares the simulator with published training runs "
+        "(no torch needed; see `dtsim validate --published --help`).",
+    )
     p.add_argument(
         "--profile", type=Path, required=True, help="calibration profile of this machine (dtsim calibrate)"
     )

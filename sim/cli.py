@@ -1,4 +1,4 @@
-"""dtsim command line: run | compare | sweep | plan | plot | calibrate | validate | schema.
+"""dtsim command line: run | compare | sweep | plan | plot | calibrate | validate [--published] | schema.
 
 User mistakes (ScenarioError) print one line and exit 2; a failed simulation (e.g. a deadlock) exits 1.
 """
@@ -140,6 +140,10 @@ def cmd_calibrate(argv: list[str]) -> int:
 
 
 def cmd_validate(argv: list[str]) -> int:
+    if "--published" in argv:  # published runs vs simulation: sim only, no torch, no calibrate import
+        from sim.validation.published import main as published_main
+
+        return published_main(argv)
     try:
         from calibrate.validate import main as validate_main
     except ImportError as e:
@@ -175,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_explore_commands(sub)
     sub.add_parser("calibrate", help="benchmark this machine's kernels and collectives (needs torch)", add_help=False)
-    sub.add_parser("validate", help="run a small real training job and compare with the simulation", add_help=False)
+    sub.add_parser("validate", help="run a small real training job and compare with the simulation "
+                   "(--published: compare with published training runs)", add_help=False)
     return p
 
 

@@ -1,0 +1,1 @@
+"""Checking dtsim against published training runs (``dtsim validate --published``); no torch needed."""

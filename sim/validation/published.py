@@ -1,0 +1,284 @@
+"""`dtsim validate --published`: simulate every published training run of the set and compare.
+
+The set (``published.yaml`` beside this module, or ``--cases FILE``) holds public end-to-end
+measurements, each with its scenario, figure, unit, FLOP formula and source. For each case this runs the
+scenario through the simulator and sets the simulated iteration time beside the published one; TFLOP/s
+on both sides come from the *source's* FLOP formula (``sim.validation.flops``), never from dtsim's own
+MFU, so a paper that counts recomputation is compared with the same count. It is a report: the exit
+status is 0 whatever the errors, 2 for bad input (unknown case, bad data file, missing scenario).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.errors import ScenarioError
+from sim.scenario.schema import NAME_PATTERN, RuleError, TransformerModel, did_you_mean, show
+from sim.validation.flops import FLOP_FORMULAS
+
+PROG = "dtsim validate --published"
+DEFAULT_CASES = Path(__file__).with_name("published.yaml")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KERNEL_SETS = ("megatron-lm-2021", "megatron-lm-2022", "megatron-deepspeed-2022", "transformer-engine")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class Published(_Strict):
+    """The figures a source states; at least one of iteration_s, tokens_per_s_per_gpu, tflops_per_gpu."""
+
+    iteration_s: float | None = Field(None, gt=0, description="seconds per iteration, as published")
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="tokens/s per GPU, as published")
+    tflops_per_gpu: float | None = Field(
+        None, gt=0, description="TFLOP/s per GPU under the source's FLOP formula"
+    )
+    mfu: float | None = Field(None, gt=0, le=1, description="model FLOPs utilisation, as published")
+
+    @model_validator(mode="after")
+    def _some_time(self) -> Published:
+        if self.iteration_s is None and self.tokens_per_s_per_gpu is None and self.tflops_per_gpu is None:
+            raise RuleError(None, "(none)", "a case needs a figure that gives a time",
+                            "give iteration_s, tokens_per_s_per_gpu or tflops_per_gpu")
+        return self
+
+
+class Source(_Strict):
+    """Where the figure is published, precisely enough to find it."""
+
+    title: str = Field(min_length=1)
+    authors: str = Field(min_length=1)
+    venue: str = Field(min_length=1)
+    where: str = Field(min_length=1, description="section, table or figure")
+    url: str = Field(pattern=r"^https?://")
+
+
+class Case(_Strict):
+    """One published run: scenario, figures, the source's FLOP formula, what the source ran."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    scenario: str = Field(min_length=1, description="scenario YAML, relative to the repository root")
+    published: Published
+    unit: str = Field(min_length=1, description="what the published figure measures")
+    flop_formula: Literal[tuple(FLOP_FORMULAS)]  # type: ignore[valid-type]
+    kernels: Literal[KERNEL_SETS] | None = Field(  # type: ignore[valid-type]
+        None, description="the software stack's kernel set (for training.kernels once it exists)"
+    )
+    stage_layers: list[int] | None = Field(
+        None, description="layers per pipeline stage as the source ran them (null = even)"
+    )
+    source: Source
+    assumptions: list[str] = Field(default_factory=list, description="where the source is silent")
+
+    @model_validator(mode="after")
+    def _stages(self) -> Case:
+        if self.stage_layers is not None and any(n < 1 for n in self.stage_layers):
+            raise RuleError("stage_layers", show(self.stage_layers), "every stage holds at least one layer",
+                            "give positive layer counts")
+        return self
+
+
+class CaseSet(_Strict):
+    cases: list[Case] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> CaseSet:
+        seen: set[str] = set()
+        for c in self.cases:
+            if c.name in seen:
+                raise RuleError("cases", show(c.name), "case names must be unique", "rename one of them")
+            seen.add(c.name)
+        return self
+
+
+@dataclass
+class CaseResult:
+    """One row of the table: published and simulated time and TFLOP/s per GPU, and the errors."""
+
+    name: str
+    gpus: int
+    gpu: str
+    flop_formula: str
+    flops_per_iteration: float
+    published_s: float
+    published_from: str
+    published_tflops_per_gpu: float
+    simulated_s: float
+    simulated_tflops_per_gpu: float
+    time_error: float      # (simulated − published) / published
+    tflops_error: float    # the same for TFLOP/s per GPU
+    wall_s: float
+    source: str
+
+
+def load_cases(path: str | Path = DEFAULT_CASES) -> CaseSet:
+    """The case set in ``path``, validated; a one-line ScenarioError if it is wrong."""
+    from sim.scenario.errors_format import one_line, to_scenario_error
+    from sim.scenario.load import parse_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise one_line(f"{show(str(path))} — no such file; give the published-cases YAML "
+                       f"(default {DEFAULT_CASES})", "--cases")
+    data = parse_yaml(p.read_text(encoding="utf-8"), show(str(path)), "--cases")
+    try:
+        return CaseSet.model_validate(data)
+    except ValidationError as exc:
+        raise to_scenario_error(exc, CaseSet) from None
+
+
+def scenario_path(case: Case, cases_file: Path) -> Path:
+    """A case's scenario: as written if absolute, else under the repository root, else beside the file."""
+    p = Path(case.scenario)
+    if p.is_absolute():
+        return p
+    for base in (REPO_ROOT, cases_file.resolve().parent, Path.cwd()):
+        if (base / p).is_file():
+            return base / p
+    return REPO_ROOT / p
+
+
+def published_time_s(case: Case, model: TransformerModel, global_batch: int, gpus: int) -> tuple[float, str]:
+    """The published seconds per iteration and what they come from (see published.yaml's header)."""
+    pub = case.published
+    if pub.iteration_s is not None:
+        return pub.iteration_s, "iteration time"
+    if pub.tokens_per_s_per_gpu is not None:
+        return global_batch * model.seq_len / (pub.tokens_per_s_per_gpu * gpus), "tokens/s"
+    flops = FLOP_FORMULAS[case.flop_formula](model, global_batch)
+    return flops / (pub.tflops_per_gpu * 1e12 * gpus), "TFLOP/s"  # type: ignore[operator]
+
+
+def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -> CaseResult:
+    """Simulate one case and compare it with its published figures."""
+    from sim.api import simulate
+    from sim.scenario.load import load_scenario
+
+    try:
+        sc = load_scenario(scenario_path(case, cases_file), overrides or [])
+    except ScenarioError as exc:
+        raise ScenarioError(f"case {case.name}: {exc}") from None
+    if not isinstance(sc.model, TransformerModel) or sc.parallel is None or sc.training is None:
+        raise ScenarioError(f"case {case.name}: {show(case.scenario)} — a published case is a transformer "
+                            "training run; give a scenario with model kind transformer and a parallel layout",
+                            "scenario")
+    gpus, batch = sc.total_gpus, sc.training.global_batch
+    flops = FLOP_FORMULAS[case.flop_formula](sc.model, batch)
+    pub_s, pub_from = published_time_s(case, sc.model, batch, gpus)
+    pub_tflops = case.published.tflops_per_gpu or flops / (pub_s * gpus) / 1e12
+    t0 = time.perf_counter()
+    sim_s = float(simulate(sc).summary["step_time_s"])
+    wall = time.perf_counter() - t0
+    sim_tflops = flops / (sim_s * gpus) / 1e12
+    return CaseResult(
+        name=case.name, gpus=gpus, gpu=sc.cluster.gpu.name, flop_formula=case.flop_formula,
+        flops_per_iteration=flops, published_s=pub_s, published_from=pub_from,
+        published_tflops_per_gpu=pub_tflops, simulated_s=sim_s, simulated_tflops_per_gpu=sim_tflops,
+        time_error=(sim_s - pub_s) / pub_s, tflops_error=(sim_tflops - pub_tflops) / pub_tflops,
+        wall_s=wall, source=f"{case.source.title} ({case.source.venue}), {case.source.where}",
+    )
+
+
+def aggregate(results: list[CaseResult]) -> dict[str, float]:
+    """Mean and max absolute error over the cases, for time and for TFLOP/s per GPU."""
+    te = [abs(r.time_error) for r in results]
+    fe = [abs(r.tflops_error) for r in results]
+    return {"cases": len(results), "mean_abs_time_error": sum(te) / len(te), "max_abs_time_error": max(te),
+            "mean_abs_tflops_error": sum(fe) / len(fe), "max_abs_tflops_error": max(fe)}
+
+
+def format_table(results: list[CaseResult]) -> str:
+    """The human-readable comparison printed by the command."""
+    head = (f"{'case':<26} {'GPUs':>6} {'formula':<20} {'pub s':>8} {'sim s':>8} {'err':>7} "
+            f"{'pub TF/s':>9} {'sim TF/s':>9} {'err':>7}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(f"{r.name:<26} {r.gpus:>6} {r.flop_formula:<20} {r.published_s:>8.2f} "
+                     f"{r.simulated_s:>8.2f} {r.time_error:>+7.1%} {r.published_tflops_per_gpu:>9.1f} "
+                     f"{r.simulated_tflops_per_gpu:>9.1f} {r.tflops_error:>+7.1%}")
+    agg = aggregate(results)
+    lines.append("-" * len(head))
+    lines.append(f"iteration time: mean |error| {agg['mean_abs_time_error']:.1%}, max {agg['max_abs_time_error']:.1%}"
+                 f"; TFLOP/s per GPU: mean |error| {agg['mean_abs_tflops_error']:.1%}, "
+                 f"max {agg['max_abs_tflops_error']:.1%} ({agg['cases']} cases)")
+    lines.append("err = (simulated − published) / published; TFLOP/s on both sides use the source's own "
+                 "FLOP formula (sim/validation/flops.py)")
+    return "\n".join(lines)
+
+
+def to_json(results: list[CaseResult], cases_file: Path) -> dict[str, Any]:
+    """The machine-readable table."""
+    return {"cases_file": str(cases_file), "summary": aggregate(results),
+            "cases": [asdict(r) for r in results]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sim.cli import _Parser
+
+    p = _Parser(prog=PROG, description="Simulate the published training runs and compare with their figures.")
+    p.add_argument("--published", action="store_true", required=True,
+                   help="compare with the published-figures set (no torch needed)")
+    p.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable)")
+    p.add_argument("--cases", default=str(DEFAULT_CASES), metavar="FILE",
+                   help="the case set (default: the set shipped with dtsim)")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON table to FILE")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key in every case's scenario, e.g. calibration=profile.json")
+    p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
+    return p
+
+
+def _select(cases: CaseSet, names: list[str] | None) -> list[Case]:
+    if not names:
+        return list(cases.cases)
+    known = [c.name for c in cases.cases]
+    picked = []
+    for n in names:
+        if n not in known:
+            raise ScenarioError(f"{show(n)} — not a case of the set; {did_you_mean(n, known)}"
+                                f"use one of {', '.join(known)}", "--case")
+        picked.append(next(c for c in cases.cases if c.name == n))
+    return picked
+
+
+def main(argv: list[str]) -> int:
+    """Run the command with ``argv`` (the arguments after 'validate'); ScenarioError → the caller's exit 2."""
+    args = build_parser().parse_args(argv)
+    cases_file = Path(args.cases)
+    if args.out and Path(args.out).is_dir():
+        raise ScenarioError(f"{show(args.out)} — is a folder; give a .json file path", "--out")
+    cases = load_cases(cases_file)
+    selected = _select(cases, args.case)
+    if args.list:
+        for c in selected:
+            print(f"{c.name:<26} {c.scenario}\n{'':<26} {c.source.title} ({c.source.venue}), "
+                  f"{c.source.where} — {c.source.url}")
+        return 0
+    results = []
+    for i, case in enumerate(selected, 1):
+        r = run_case(case, cases_file, args.set)
+        if not (math.isfinite(r.simulated_s) and r.simulated_s > 0):
+            raise ScenarioError(f"case {case.name}: the simulation gave no iteration time", "scenario")
+        print(f"[{i}/{len(selected)}] {case.name}: simulated in {r.wall_s:.1f} s", file=sys.stderr)
+        results.append(r)
+    table = to_json(results, cases_file)
+    if args.out:
+        from sim.outputs.writers import atomic_write_text
+
+        atomic_write_text(Path(args.out), json.dumps(table, indent=2) + "\n")
+    if args.json:
+        sys.stdout.write(json.dumps(table, indent=2) + "\n")
+    else:
+        print(format_table(results))
+    return 0

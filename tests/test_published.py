@@ -1,0 +1,131 @@
+"""`dtsim validate --published`: the published-figures set loads, converts with each source's own FLOP
+formula (checked against hand calculations and against the sources' own figure pairs), and the command
+runs and computes its table. It does not assert that dtsim's errors are small: that is what it reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.scenario.load import load_scenario
+from sim.validation.flops import matmul_params, megatron_causal_2025, narayanan_2021_eq4, palm_model_flops
+from sim.validation.published import DEFAULT_CASES, load_cases, published_time_s, scenario_path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = load_cases()
+BY_NAME = {c.name: c for c in CASES.cases}
+SMALL = "llama3-8b-8xh100-nemo"  # one DGX H100: simulates in about a second
+
+
+def _scenario(name: str):
+    return load_scenario(scenario_path(BY_NAME[name], DEFAULT_CASES))
+
+
+def test_case1_published_seconds_from_eq4_by_hand() -> None:
+    # Narayanan et al. SC'21 Eq. 4 for GPT-3 175B, B 1536, s 2048, l 96, h 12288, V 51200, written out:
+    flops = 96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (16 * 96 * 12288))
+    hand_s = flops / (140e12 * 1024)
+    assert hand_s == pytest.approx(31.5, abs=0.3)  # the dev set's ≈ 31.5 s per iteration
+    sc = _scenario("gpt3-175b-1024xa100-sc21")
+    seconds, origin = published_time_s(BY_NAME["gpt3-175b-1024xa100-sc21"], sc.model, sc.training.global_batch,
+                                       sc.total_gpus)
+    assert origin == "TFLOP/s"
+    assert seconds == pytest.approx(hand_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mtnlg-530b-2240xa100", "mtnlg-530b-2800xa100", "mtnlg-530b-3360xa100"])
+def test_eq4_reproduces_mtnlg_time_and_tflops_pairs(name: str) -> None:
+    # MT-NLG publishes both seconds per iteration and TFLOP/s per GPU: Eq. 4 on the scenario's model must
+    # turn one into the other (an independent check of the formula and of the scenario's dimensions).
+    case, sc = BY_NAME[name], _scenario(name)
+    flops = narayanan_2021_eq4(sc.model, sc.training.global_batch)
+    implied = flops / (case.published.iteration_s * sc.total_gpus) / 1e12
+    assert implied == pytest.approx(case.published.tflops_per_gpu, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b-64xh100-nemo", "llama3-8b-8xh100-nemo"])
+def test_megatron_formula_reproduces_nemo_tokens_and_tflops_pairs(name: str) -> None:
+    case, sc = BY_NAME[name], _scenario(name)
+    flops_per_token = megatron_causal_2025(sc.model, 1) / sc.model.seq_len
+    implied_tflops = flops_per_token * case.published.tokens_per_s_per_gpu / 1e12
+    assert implied_tflops == pytest.approx(case.published.tflops_per_gpu, rel=0.005)
+
+
+def test_palm_model_flops_by_hand_for_llama3_405b() -> None:
+    m = _scenario("llama3-405b-8192xh100").model
+    h, f, layers, vocab, s = 16384, 53248, 126, 128256, 8192
+    params = layers * (2 * h * h + 2 * h * 8 * 128 + 3 * h * f) + vocab * h  # q,o; k,v (8 KV heads × 128); SwiGLU
+    assert matmul_params(m) == params
+    assert palm_model_flops(m, 2048) == pytest.approx(2048 * s * (6 * params + 12 * layers * h * s), rel=1e-12)
+    # 430 TFLOP/s on 8,192 GPUs is 43 % of the H100's 989 TFLOP/s dense BF16 peak, as the paper says
+    assert BY_NAME["llama3-405b-8192xh100"].published.tflops_per_gpu / 989.4 == pytest.approx(0.43, abs=0.006)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_every_case_scenario_loads_and_its_recorded_layout_fits(name: str) -> None:
+    case, sc = BY_NAME[name], _scenario(name)
+    assert scenario_path(case, DEFAULT_CASES).is_relative_to(ROOT / "scenarios" / "published")
+    if case.stage_layers is not None:
+        assert len(case.stage_layers) == sc.parallel.pipeline
+        assert sum(case.stage_layers) == sc.model.layers
+    assert case.source.url.startswith("https://")
+
+
+def test_command_runs_one_case_and_computes_the_table(capsys, tmp_path) -> None:
+    out = tmp_path / "table.json"
+    assert main(["validate", "--published", "--case", SMALL, "--json", "--out", str(out)]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == table
+    (row,) = table["cases"]
+    assert row["name"] == SMALL and row["gpus"] == 8
+    assert row["published_s"] == pytest.approx(128 * 8192 / (14451 * 8), rel=1e-12)  # tokens/s → seconds
+    for key in ("simulated_s", "time_error", "tflops_error", "simulated_tflops_per_gpu"):
+        assert math.isfinite(row[key])
+    assert row["simulated_s"] > 0
+    assert row["time_error"] == pytest.approx((row["simulated_s"] - row["published_s"]) / row["published_s"])
+    # simulated TFLOP/s is the source's FLOPs over the simulated time, not dtsim's own MFU
+    assert row["simulated_tflops_per_gpu"] == pytest.approx(
+        row["flops_per_iteration"] / (row["simulated_s"] * 8) / 1e12)
+    assert table["summary"]["mean_abs_time_error"] == pytest.approx(abs(row["time_error"]))
+
+
+def test_text_table_has_the_case_and_the_mean(tmp_path, capsys) -> None:
+    assert main(["validate", "--published", "--case", SMALL]) == 0
+    text = capsys.readouterr().out
+    assert SMALL in text and "mean |error|" in text and "megatron-causal-2025" in text
+
+
+def _one_line_exit_2(argv: list[str], needle: str, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_bad_input_exits_2(tmp_path, capsys) -> None:
+    _one_line_exit_2(["validate", "--published", "--case", "gpt3-175b"], "not a case of the set", capsys)
+    _one_line_exit_2(["validate", "--published", "--cases", str(tmp_path / "none.yaml")], "no such file", capsys)
+    _one_line_exit_2(["validate", "--published", "--out", str(tmp_path)], "is a folder", capsys)
+    _one_line_exit_2(["validate", "--published", "--bogus"], "unrecognized arguments", capsys)
+    data = yaml.safe_load(DEFAULT_CASES.read_text())
+    bad = tmp_path / "bad.yaml"
+    typo = dict(data["cases"][-1], flop_formula="dtsim-mfu")
+    bad.write_text(yaml.safe_dump({"cases": [typo]}))
+    _one_line_exit_2(["validate", "--published", "--cases", str(bad)], "flop_formula", capsys)
+    missing = dict(data["cases"][-1], scenario="scenarios/published/nope.yaml")
+    bad.write_text(yaml.safe_dump({"cases": [missing]}))
+    _one_line_exit_2(["validate", "--published", "--cases", str(bad)], "no such file", capsys)
+
+
+def test_published_needs_neither_torch_nor_calibrate() -> None:
+    code = ("import sys\nfrom sim.cli import main\nassert main(['validate', '--published', '--list']) == 0\n"
+            "assert 'calibrate' not in sys.modules and 'torch' not in sys.modules, 'imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert SMALL in proc.stdout

@@ -48,8 +48,10 @@ class ReferenceProfile:
     flash: FlashAttentionFit
     memory_fraction: float
     sources: dict
+    fp8_vs_bf16_fraction: float = 1.0  # fp8 GEMMs reach this share of bf16's fraction of peak
 
-    def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float) -> GemmShapeModel:
+    def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float,
+                   dtype: str = "bf16") -> GemmShapeModel:
         """The shape model whose best-shape throughput equals MAMF × the sustained clock ratio.
 
         The ceiling scales with ``peak_flops_per_s / reference_peak_flops_per_s`` so the same profile
@@ -57,6 +59,8 @@ class ReferenceProfile:
         probe = GemmShapeModel(1.0, sm_count, self.k_overhead, self.tile_feed)
         at_best = probe.efficiency(*self.gemm_mamf_shape)
         ceiling = self.gemm_mamf_flops_per_s / at_best * self.sustained_clock_ratio
+        if dtype == "fp8":
+            ceiling *= self.fp8_vs_bf16_fraction
         return GemmShapeModel(ceiling * peak_flops_per_s / reference_peak_flops_per_s, sm_count,
                               self.k_overhead, self.tile_feed)
 
@@ -82,4 +86,5 @@ def reference_profile(gpu_name: str) -> ReferenceProfile | None:
                                 float(fa["head_dim_64_factor"]), str(fa.get("kernel", ""))),
         memory_fraction=float(mem["stream_fraction"]),
         sources=dict(data.get("sources", {})),
+        fp8_vs_bf16_fraction=float(g.get("fp8_vs_bf16_fraction", 1.0)),
     )

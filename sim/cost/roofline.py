@@ -49,7 +49,7 @@ class RooflineCostModel:
             peak = self._peak(dtype)
             if self.reference is not None:
                 ref_peak = self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
-                model = self.reference.gemm_model(self.gpu.sm_count, peak, ref_peak)
+                model = self.reference.gemm_model(self.gpu.sm_count, peak, ref_peak, dtype)
             else:
                 model = GemmShapeModel(peak * self.gpu.gemm_efficiency, self.gpu.sm_count)
             self._gemm[dtype] = model

@@ -28,7 +28,6 @@ from sim.validation.flops import FLOP_FORMULAS
 PROG = "dtsim validate --published"
 DEFAULT_CASES = Path(__file__).with_name("published.yaml")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KERNEL_SETS = ("megatron-lm-2021", "megatron-lm-2022", "megatron-deepspeed-2022", "transformer-engine")
 
 
 class _Strict(BaseModel):
@@ -71,9 +70,6 @@ class Case(_Strict):
     published: Published
     unit: str = Field(min_length=1, description="what the published figure measures")
     flop_formula: Literal[tuple(FLOP_FORMULAS)]  # type: ignore[valid-type]
-    kernels: Literal[KERNEL_SETS] | None = Field(  # type: ignore[valid-type]
-        None, description="the software stack's kernel set (for training.kernels once it exists)"
-    )
     stage_layers: list[int] | None = Field(
         None, description="layers per pipeline stage as the source ran them (null = even)"
     )

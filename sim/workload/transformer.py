@@ -13,6 +13,10 @@ Fusion choices (each Op is priced as one kernel):
   (Megatron ``bias_dropout_add_fused``); SwiGLU is one op reading gate and up.
 - Norm backward includes the residual-gradient add. Norm weight gradients come out of that kernel.
 - fp8: GEMMs run in fp8; attention, elementwise ops and TP collectives stay in bf16 (Transformer Engine).
+  Each fp8 GEMM's 16-bit input (the activation forward, the output gradient backward) first goes through
+  Transformer Engine's fused cast_transpose kernel (transformer_engine/common/transpose/cast_transpose.cu):
+  read 2 bytes, write the fp8 copy and its transpose (1 + 1), amax fused; weight-gradient GEMMs reuse the
+  transposed copies.
 
 Sequence parallelism (Korthikanti et al. 2022): the norm and dropout regions work on s/t tokens; each
 Megatron all-reduce becomes a reduce-scatter, and each identity-forward/all-reduce-backward ``f`` becomes an
@@ -442,7 +446,24 @@ def layer_ops(
             _seg((norm1_b,), None, 0.0),
         )
     backward_weight = (_wgrad(down), _wgrad(up), _wgrad(attn_out), _wgrad(qkv))
+    if dtype == "fp8":
+        forward, backward_input = _with_fp8_casts(forward), _with_fp8_casts(backward_input)
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
+
+
+_FP8_CAST_BYTES_PER_ELEM = 2 + 1 + 1  # read bf16, write fp8 and fp8 transposed
+
+
+def _with_fp8_casts(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    """Prefix each segment holding fp8 GEMMs with the cast_transpose of their m×k inputs."""
+    out = []
+    for seg in segments:
+        elems = sum(op.m * op.k * op.batch for op in seg.ops if op.kind == "gemm" and op.dtype == "fp8")
+        if elems:
+            cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
+            seg = Segment(ops=(cast, *seg.ops), comm=seg.comm, comm_bytes=seg.comm_bytes)
+        out.append(seg)
+    return tuple(out)
 
 
 def embedding_ops(

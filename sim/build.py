@@ -106,7 +106,7 @@ def _stage_chunks(n_layers: int, pp: int, v: int) -> list[list[int]]:
 def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     kind = scenario.model.kind
     if kind == "synthetic":
-        return _synthetic(scenario)
+        return _synthetic(scenario, cost)
     if kind == "transformer":
         return _transformer(scenario, cost)
     return _layers(scenario, cost)
@@ -191,7 +191,7 @@ def _single_gpu_optimizer_s(cost: CostModel, scenario, params: float) -> float:
 
 
 # ---- synthetic ------------------------------------------------------------------------------------
-def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
+def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     e = _grad_elem_bytes(tr.precision)
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
@@ -213,7 +213,7 @@ def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
     opt = Block("optimizer step", m.optimizer_ms / 1e3)
     info.single_gpu_time_s = (scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms)
                               + m.optimizer_ms) / 1e3
-    return _common(scenario, chunks, static, opt, None, max(params_by_stage) * e, None, info), info
+    return _common(scenario, chunks, static, opt, None, max(params_by_stage) * e, cost, info), info
 
 
 # ---- transformer ----------------------------------------------------------------------------------
@@ -320,15 +320,6 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
     _, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
     opt_block, clip = _megatron_optimizer(cost, scenario, max(params_by_stage), gbytes)
-    one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype, attention=m.attention,
-                       attention_dropout_kernel=ks.attention_dropout_kernel)
-    fwd1 = sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops)
-    rec1 = {"full": fwd1, "selective": sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops
-                                           if tf.is_attention_core(op))}.get(ck.kind, 0.0)
-    per_mb = (fwd1 + rec1 + sum(cost.op_time_s(op) for seg in one.backward_input for op in seg.ops)
-              + sum(cost.op_time_s(op) for op in one.backward_weight)) * m.layers
-    info.single_gpu_time_s = per_mb * scenario.microbatches * par.data + _single_gpu_optimizer_s(
-        cost, scenario, info.params_total)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.clip = clip if tr.grad_clip is not None else None
@@ -340,7 +331,27 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     job.blocking_p2p = ks.blocking_p2p
     job.gather_bytes = gather
     job.comm_slowdown = scenario.gpu.comm_compute_slowdown
+    # T₁: the same global batch on one GPU, built by the same code (embedding, head, accumulation, step).
+    one = job if par.world_size == 1 else _transformer(_on_one_gpu(scenario), cost)[0]
+    info.single_gpu_time_s = _compute_time_s(one)
     return job, info
+
+
+def _on_one_gpu(scenario):
+    """The scenario's model and batch on a single GPU (for T₁): no parallelism, plain 1F1B."""
+    par = scenario.parallel.model_copy(update={"data": 1, "tensor": 1, "pipeline": 1, "virtual_stages": 1,
+                                               "schedule": "1f1b", "sequence_parallel": False, "zero": 0})
+    cluster = scenario.cluster.model_copy(update={"nodes": 1, "gpus_per_node": 1})
+    return scenario.model_copy(update={"parallel": par, "cluster": cluster})
+
+
+def _compute_time_s(job: TrainingJob) -> float:
+    """Compute of one step of a single-GPU job: every micro-batch through every block, then the step."""
+    per_mb = sum(b.dur_s for c in job.chunks for lw in c.layers
+                 for b in lw.forward + lw.recompute + lw.backward + lw.weight)
+    per_mb += job.data.dur_s if job.data else 0.0
+    step = job.optimizer.dur_s + sum(x.dur_s for x in (job.clip, job.unscale) if x is not None)
+    return per_mb * job.microbatches + step
 
 
 def _main_grad_bytes(precision: str, ks: KernelSet) -> int:

@@ -178,3 +178,32 @@ def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_mamf_share() -> None:
     h100 = RooflineCostModel(GPU_PRESETS["H100-SXM"])
     ratio = h100.gemm_model("fp8").ceiling_flops_per_s / h100.gemm_model("bf16").ceiling_flops_per_s
     assert ratio == pytest.approx(2 * (1453.4 / 1979) / (828.0 / 989), rel=1e-3)
+
+
+def test_zero3_without_overlap_waits_for_each_reduce_scatter() -> None:
+    """overlap_grad_sync: false with ZeRO-3: no backward compute runs while gradients are reduce-scattered."""
+    from sim.engine.timeline import COMPUTE_CATEGORIES
+
+    def overlapped(flag: bool) -> float:
+        sc = scenario_from_dict(_tiny(parallel__zero=3, parallel__pipeline=1, parallel__data=8, parallel__tensor=2,
+                                      parallel__overlap_grad_sync=flag, training__global_batch=16,
+                                      simulation__symmetry="off"))
+        spans = [s for s in simulate(sc).timeline.spans if s.gpu == 0]
+        rs = [(s.start_s, s.end_s) for s in spans if s.category == COMM_DP and s.args.get("op") == "reduce_scatter"]
+        comp = [(s.start_s, s.end_s) for s in spans if s.category in COMPUTE_CATEGORIES]
+        return sum(max(0.0, min(b, d) - max(a, c)) for a, b in rs for c, d in comp)
+
+    assert overlapped(True) > 0
+    assert overlapped(False) == 0
+
+
+def test_one_gpu_speedup_is_one_and_compression_runs_on_synthetic_models() -> None:
+    one = {"name": "one", "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "A100-80GB"}, "model": "gpt3-1.3b",
+           "parallel": {"data": 1}, "training": {"global_batch": 4}}
+    s = simulate(scenario_from_dict(one)).summary
+    assert s["speedup"] == pytest.approx(1.0, rel=1e-9)
+    synth = {"name": "syn", "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+             "model": {"kind": "synthetic", "layers": 2, "forward_ms": 1, "params_per_layer": 1000000},
+             "parallel": {"data": 4}, "training": {"global_batch": 4, "gradient_compression": {"kind": "topk",
+                                                                                             "ratio": 0.01}}}
+    assert simulate(scenario_from_dict(synth)).summary["step_time_s"] > 0.003

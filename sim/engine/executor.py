@@ -409,7 +409,7 @@ class TrainingExecutor:
         self._memory(g, static)
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
-            bucket = 0.0
+            bucket = shard_bucket = 0.0
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
                 chunk = job.chunks[vs]
@@ -453,13 +453,18 @@ class TrainingExecutor:
                         else:
                             yield from self._blocks(g, lw.weight, BACKWARD_WEIGHT, args, f"W{a.microbatch} {lw.name}")
                         has_grads = a.kind == "W" or not job.split_backward
-                        if has_grads and job.zero == 3:
+                        if has_grads and job.zero == 3 and job.overlap_grad_sync:
                             dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step))
+                        elif has_grads and job.zero == 3:
+                            shard_bucket += lw.grad_bytes
                         elif has_grads and final and job.compression_ratio is None:
                             bucket += lw.grad_bytes
                             if bucket >= job.bucket_bytes and job.overlap_grad_sync:
                                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
                                 bucket = 0.0
+                    if shard_bucket > 0:  # ZeRO-3 without overlap: this action's gradients, reduced now
+                        yield self._dp_sync(g, "reduce_scatter", shard_bucket, step)
+                        shard_bucket = 0.0
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
                         if vs > 0:

@@ -254,7 +254,10 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     layer_params = tf.layer_params(d) / t
     # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
-    layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept)
+    # While a full-checkpointing segment of `every` layers is recomputed, their activations are live again.
+    workspace = ck.every * full_layer_act if ck.kind == "full" else 0.0
+    layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
+                 workspace_bytes=workspace)
     emb = tf.embedding_ops(d, **kw)
     head = tf.head_ops(d, **kw)
     emb_params = tf.embedding_params(d) / t

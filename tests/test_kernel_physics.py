@@ -207,3 +207,20 @@ def test_one_gpu_speedup_is_one_and_compression_runs_on_synthetic_models() -> No
              "parallel": {"data": 4}, "training": {"global_batch": 4, "gradient_compression": {"kind": "topk",
                                                                                              "ratio": 0.01}}}
     assert simulate(scenario_from_dict(synth)).summary["step_time_s"] > 0.003
+
+
+def test_memory_track_holds_the_recompute_workspace() -> None:
+    """Full checkpointing: while a layer is recomputed its activations (every × the full layer's) are live."""
+    from sim.engine.timeline import RECOMPUTE
+
+    sc = scenario_from_dict(_tiny(training__checkpointing="full", parallel__pipeline=1, parallel__data=4,
+                                  parallel__tensor=4, training__global_batch=8, simulation__symmetry="off"))
+    r = simulate(sc)
+    job, _ = build_job(sc, cost_model_for(sc))
+    ws = job.chunks[0].layers[1].workspace_bytes
+    assert ws > 0
+    first = min((s for s in r.timeline.spans if s.gpu == 0 and s.category == RECOMPUTE), key=lambda s: s.start_s)
+    samples = [c for c in r.timeline.counters if c.gpu == 0]
+    at = [i for i, c in enumerate(samples) if c.t_s == first.start_s]
+    jump = samples[at[-1]].value - samples[at[0] - 1].value
+    assert jump == pytest.approx(ws, rel=1e-9)

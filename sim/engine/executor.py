@@ -445,11 +445,15 @@ class TrainingExecutor:
                         if gathers:
                             yield gathers(i)
                         if a.kind == "B":
+                            if lw.workspace_bytes:
+                                self._memory(g, lw.workspace_bytes)
                             yield from self._blocks(g, lw.recompute, RECOMPUTE, args, f"R{a.microbatch} {lw.name}")
                             cat = BACKWARD_INPUT if job.split_backward else BACKWARD
                             yield from self._blocks(g, lw.backward, cat, args, f"B{a.microbatch} {lw.name}")
                             if not job.split_backward:
                                 yield from self._blocks(g, lw.weight, BACKWARD, args, f"B{a.microbatch} {lw.name}")
+                            if lw.workspace_bytes:
+                                self._memory(g, -lw.workspace_bytes)
                         else:
                             yield from self._blocks(g, lw.weight, BACKWARD_WEIGHT, args, f"W{a.microbatch} {lw.name}")
                         has_grads = a.kind == "W" or not job.split_backward

@@ -32,6 +32,7 @@ class LayerWork:
     grad_bytes: float = 0.0  # this GPU's gradient bytes of the layer (data-parallel sync)
     param_bytes: float = 0.0  # this GPU's parameter bytes (ZeRO-3 gathers)
     activation_bytes: float = 0.0  # kept per micro-batch until the backward
+    workspace_bytes: float = 0.0  # live while this layer's checkpointed segment is recomputed (full checkpointing)
 
 
 @dataclass(frozen=True)

@@ -79,19 +79,25 @@ class JobInfo:
     notes: list[str] = field(default_factory=list)
 
 
-def _blocks(cost: CostModel, segments, prefix: str = "") -> tuple[Block, ...]:
+def _ops_time_s(cost: CostModel, ops, host_s: float = 0.0) -> float:
+    """Device time of kernels launched back to back, or the host's time to dispatch them if longer (the
+    CPU-bound regime of small kernels: PyTorch eager spends ``host_s`` per operator)."""
+    return max(sum(cost.op_time_s(op) for op in ops), len(ops) * host_s)
+
+
+def _blocks(cost: CostModel, segments, prefix: str = "", host_s: float = 0.0) -> tuple[Block, ...]:
     out = []
     for i, seg in enumerate(segments):
-        dur = sum(cost.op_time_s(op) for op in seg.ops)
+        dur = _ops_time_s(cost, seg.ops, host_s)
         name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
         out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops)))
     return tuple(out)
 
 
-def _op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op]) -> tuple[Block, ...]:
+def _op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op], host_s: float = 0.0) -> tuple[Block, ...]:
     if not ops:
         return ()
-    return (Block(name, sum(cost.op_time_s(op) for op in ops), None, 0.0, sum(op.flops for op in ops)),)
+    return (Block(name, _ops_time_s(cost, ops, host_s), None, 0.0, sum(op.flops for op in ops)),)
 
 
 def _grad_elem_bytes(precision: str) -> int:
@@ -233,13 +239,15 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     gbytes = _main_grad_bytes(dtype, ks)
     kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
     lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
-    fwd = _blocks(cost, lo.forward)
-    bwd = _blocks(cost, lo.backward_input)
+    host = ks.host_dispatch_us * 1e-6
+    fwd = _blocks(cost, lo.forward, host_s=host)
+    bwd = _blocks(cost, lo.backward_input, host_s=host)
     wgt = _weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
-        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)])
+        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)],
+                              host)
     else:
         recompute = ()
     act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
@@ -278,15 +286,17 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     for vs, ids in enumerate(parts):
         works = []
         if vs == 0:
-            works.append(LayerWork("embedding", _blocks(cost, emb.forward), _blocks(cost, emb.backward_input),
-                                   _op_block(cost, "wgrad", emb.backward_weight) + emb_accumulate, (),
+            works.append(LayerWork("embedding", _blocks(cost, emb.forward, host_s=host),
+                                   _blocks(cost, emb.backward_input, host_s=host),
+                                   _op_block(cost, "wgrad", emb.backward_weight, host) + emb_accumulate, (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
                                    activation_bytes=b * m.seq_len * m.hidden * ebytes / (t if sp else 1)))
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
             logits_act = b * m.seq_len * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
-            works.append(LayerWork("head", _blocks(cost, head.forward), _blocks(cost, head.backward_input),
+            works.append(LayerWork("head", _blocks(cost, head.forward, host_s=host),
+                                   _blocks(cost, head.backward_input, host_s=host),
                                    _weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
                                    activation_bytes=logits_act))
@@ -385,7 +395,8 @@ def _weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: K
 
         wgrads = tuple(dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
                        if op.kind == GEMM else op for op in wgrads)
-    return _op_block(cost, "wgrad", wgrads) + _accumulate_block(cost, params, gbytes, ebytes, ks)
+    return (_op_block(cost, "wgrad", wgrads, ks.host_dispatch_us * 1e-6)
+            + _accumulate_block(cost, params, gbytes, ebytes, ks))
 
 
 def _megatron_optimizer(cost: CostModel, scenario, params_per_gpu: float, gbytes: int) -> tuple[Block, Block]:

@@ -20,6 +20,7 @@ from sim.engine.timeline import (
     COMM_EMB,
     DATA,
     GRAD_ACCUM,
+    INTERFERENCE,
 )
 from sim.hardware.gpu import GPU_PRESETS
 from sim.scenario import scenario_from_dict
@@ -107,7 +108,10 @@ def test_compute_overlapping_a_collective_slows_by_the_sms_it_loses() -> None:
     assert 0 < c < b_s
     b0 = next(s for s in spans if s.name.endswith("L0 b"))
     assert b0.start_s == pytest.approx(dp[0].start_s, abs=1e-12)
-    assert b0.dur_s == pytest.approx(c + b_s - c / (1 + x), rel=1e-9)
+    assert b0.dur_s == pytest.approx(b_s, rel=1e-12)  # the work itself, then the time lost beside it
+    lost = next(s for s in spans if s.category == INTERFERENCE)
+    assert lost.start_s == pytest.approx(b0.end_s, rel=1e-12)
+    assert b0.dur_s + lost.dur_s == pytest.approx(c + b_s - c / (1 + x), rel=1e-9)
 
 
 def _megatron(**over):
@@ -224,3 +228,17 @@ def test_memory_track_holds_the_recompute_workspace() -> None:
     at = [i for i, c in enumerate(samples) if c.t_s == first.start_s]
     jump = samples[at[-1]].value - samples[at[0] - 1].value
     assert jump == pytest.approx(ws, rel=1e-9)
+
+
+def test_small_kernels_are_bound_by_host_dispatch() -> None:
+    """A block of many tiny kernels takes n × host dispatch time, not the sum of their device times."""
+    from sim.build import _ops_time_s
+    from sim.workload.ops import elementwise
+
+    cost = RooflineCostModel(A100)
+    tiny = [elementwise(f"k{i}", 1024.0, "bf16") for i in range(10)]
+    device = sum(cost.op_time_s(op) for op in tiny)
+    assert device < 10 * 6e-6
+    assert _ops_time_s(cost, tiny, 6e-6) == pytest.approx(10 * 6e-6, rel=1e-12)
+    big = [elementwise("big", 1e9, "bf16")]
+    assert _ops_time_s(cost, big, 6e-6) == pytest.approx(cost.op_time_s(big[0]), rel=1e-12)

@@ -31,12 +31,14 @@ from sim.engine.timeline import (
     COMM_TP,
     COMPUTE,
     FORWARD,
+    INTERFERENCE,
     OPTIMIZER,
     RECOMPUTE,
     STREAM_COMM,
     STREAM_COMPUTE,
     STREAM_P2P,
     CounterSample,
+    Span,
 )
 from sim.engine.world import Stream, World
 from sim.errors import SimulationError
@@ -389,10 +391,17 @@ class TrainingExecutor:
         slow = self._slow(g)
         for b in blocks:
             if b.dur_s > 0:
-                start = env.now
-                yield from self._compute(g, b.dur_s * slow)
+                start, work = env.now, b.dur_s * slow
+                yield from self._compute(g, work)
                 world.compute_events += 1
-                world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
+                lost = env.now - start - work
+                if lost > 1e-12 * work:  # the block ran slower under overlapped communication: show the loss
+                    world.timeline.add(Span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category,
+                                            start, work, args))
+                    world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} (slowed by comm)", INTERFERENCE,
+                               start + work, args)
+                else:
+                    world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
             if b.comm and b.comm_bytes > 0 and self.job.tp > 1:
                 start = env.now
                 yield from self._collective(g, "tp", b.comm, b.comm_bytes)

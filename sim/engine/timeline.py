@@ -16,6 +16,7 @@ COMPUTE = "compute"  # anything else on a compute stream
 GRAD_ACCUM = "grad_accum"  # per-micro-batch accumulation of weight gradients into fp32 main_grad
 CLIP_GRAD = "clip_grad"  # gradient-norm pass before the optimizer
 DATA = "data"  # loading a micro-batch's tokens onto the GPU
+INTERFERENCE = "interference"  # compute time lost to NCCL kernels holding SMs (overlapped communication)
 COMM_TP = "comm_tp"
 COMM_DP = "comm_dp"
 COMM_PP = "comm_pp"
@@ -23,7 +24,7 @@ COMM_EMB = "comm_embedding"  # tied-embedding gradient all-reduce between first 
 COMM_CLIP = "comm_clip"  # the gradient-norm all-reduce
 COMM = "comm"  # a standalone collective workload
 COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE,
-                      GRAD_ACCUM, CLIP_GRAD, DATA)
+                      GRAD_ACCUM, CLIP_GRAD, DATA, INTERFERENCE)
 COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EMB, COMM_CLIP, COMM)
 
 # Stream names (Chrome trace tid).

@@ -32,6 +32,7 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.GRAD_ACCUM: "#88CCEE",  # cyan: per-micro-batch gradient accumulation
     tl.CLIP_GRAD: "#AA4499",  # purple: gradient-norm pass
     tl.DATA: "#DDDDDD",  # pale grey: loading a micro-batch
+    tl.INTERFERENCE: "#FF6666",  # light red: compute lost to overlapped communication
     tl.COMM_TP: "#999933",  # olive
     tl.COMM_DP: "#332288",  # indigo
     tl.COMM_PP: "#882255",  # wine
@@ -51,6 +52,7 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.GRAD_ACCUM: "grad accumulation",
     tl.CLIP_GRAD: "grad-norm clipping",
     tl.DATA: "data loading",
+    tl.INTERFERENCE: "slowed by comm",
     tl.COMM_EMB: "embedding grad all-reduce",
     tl.COMM_CLIP: "grad-norm all-reduce",
     tl.COMM_TP: "TP collective",

@@ -51,6 +51,10 @@ class KernelSet:
     blocking_p2p: bool  # pipeline sends complete before the sender computes on
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
     description: str = ""
+    # Host time to dispatch one operator in PyTorch eager mode (Python, dispatcher, launch): a few µs to
+    # ~10 µs (H. He, "Making Deep Learning Go Brrrr From First Principles", 2022, §Overhead). Kernels
+    # shorter than this leave the GPU waiting on the CPU.
+    host_dispatch_us: float = 6.0
 
 
 KERNEL_SETS: dict[str, KernelSet] = {

@@ -84,22 +84,25 @@ def _default_out(name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.api import simulate, write_results
+    from sim.budget import check_budget
+    from sim.outputs.report import write_report
+    from sim.outputs.resultdir import ResultDir
     from sim.scenario.load import load_scenario
 
     sc = load_scenario(args.scenario, args.set or [])
-    result = simulate(sc, args.calibration)
     out = Path(args.out) if args.out else _default_out(sc.name)
-    write_results(result, out, charts=not args.no_charts)
-    from sim.outputs.report import write_report
+    check_budget(sc, args.max_events)
+    with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
+        result = simulate(sc, args.calibration)
+        write_results(result, staging, charts=not args.no_charts)
+        if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
+            from sim.api import bubble_sweep
+            from sim.outputs.bubble import plot_bubble_vs_microbatches
 
-    if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
-        from sim.api import bubble_sweep
-        from sim.outputs.bubble import plot_bubble_vs_microbatches
-
-        p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
-        ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
-        plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, out / "bubble_vs_m", virtual_stages=v)
-    write_report(out)
+            p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
+            ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
+            plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
+        write_report(staging, out)
     if args.json:
         from sim.outputs.writers import summary_json
 
@@ -120,11 +123,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.outputs.replot import replot
+    from sim.outputs.charts import draw_all
+    from sim.outputs.replot import load_result
+    from sim.outputs.report import write_report
+    from sim.outputs.resultdir import ResultDir
 
-    paths = replot(Path(args.result_dir), Path(args.out) if args.out else None)
-    for p in paths:
-        print(p)
+    src = Path(args.result_dir)
+    tl, summary = load_result(src)  # a missing or corrupt result is refused before anything is written
+    out = Path(args.out) if args.out else src
+    in_place = out.expanduser().resolve() == src.expanduser().resolve()
+    with ResultDir(out, "plot", carry=in_place) as staging:
+        names = [p.name for p in draw_all(tl, summary, staging)]
+        if in_place or (staging / "summary.json").exists():
+            write_report(staging, out)
+    for name in names:
+        print(out / name)
     return 0
 
 
@@ -147,6 +160,8 @@ def cmd_validate(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.budget import DEFAULT_MAX_EVENTS, positive_events
+
     p = _Parser(prog="dtsim", description="Simulate distributed training on GPU clusters.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -157,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
+    r.add_argument("--max-events", type=positive_events, default=None,
+                   help=f"refuse scenarios estimated above this many simulation events (default {DEFAULT_MAX_EVENTS:.0e})")
     r.add_argument("--bubble-sweep", action="store_true",
                    help="also simulate m = p, 2p, 4p, 8p micro-batches and chart the bubble against m")
     r.set_defaults(func=cmd_run)

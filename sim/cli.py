@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -198,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "calibrate":
-            return cmd_calibrate(argv[1:])
-        if argv and argv[0] == "validate":
-            return cmd_validate(argv[1:])
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+            code = cmd_calibrate(argv[1:])
+        elif argv and argv[0] == "validate":
+            code = cmd_validate(argv[1:])
+        else:
+            args = build_parser().parse_args(argv)
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, inside the handlers below
+        return code
     except ScenarioError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dtsim: error: {msg}", file=sys.stderr)
@@ -213,6 +217,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dtsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dtsim plan … | head -1`: the reader has what it wanted
+        _silence_stdout()
+        return 0
+    except OSError as e:  # a full disk, a read-only file system, a folder removed under us
+        _silence_stdout()
+        what = f"writing {e.filename}" if e.filename else "writing the output"
+        print(f"dtsim: error: {what} failed: {e.strerror or e}; free space or choose another destination",
+              file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("dtsim: error: out of memory; make the scenario smaller (fewer GPUs, micro-batches, steps)",
+              file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

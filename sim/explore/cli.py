@@ -185,12 +185,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             max_micro_batch=args.max_micro_batch,
         )
         text = plan_text(result, args.workers)
-        print(text)
         if result.winner is None:
+            print(text)
             raise ScenarioError(no_winner_advice(args, result), "plan")
         files = write_plan(result, staging)
         atomic_write_text(staging / "plan.txt", text + "\n")
         _finish(staging, out)
+    print(text)
     if staging / "best.yaml" in files:
         print(f"{'best':<10} {out / 'best.yaml'} (run it: dtsim run {out / 'best.yaml'})")
     _done(out)

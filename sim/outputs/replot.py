@@ -15,8 +15,8 @@ def load_result(result_dir: Path) -> tuple[Timeline, dict]:
     naming the file, what is wrong with it and the fix."""
     result_dir = Path(result_dir)
     if not result_dir.is_dir():
-        raise ScenarioError(f"{str(result_dir)!r} is not a folder; give a folder written by `dtsim run`",
-                            "result_dir")
+        state = "is not a folder" if result_dir.exists() else "not found"
+        raise ScenarioError(f"{str(result_dir)!r} {state}; give a folder written by `dtsim run`", "result_dir")
     try:
         return _load(result_dir)
     except ScenarioError:

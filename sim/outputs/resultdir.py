@@ -161,7 +161,9 @@ class ResultDir:
                 )
         existing_ancestor(out, field)
         if self.prev.exists() or self.prev.is_symlink():
-            if self.prev.is_symlink() or not self.prev.is_dir() or not is_result_folder(self.prev):
+            if self.prev.is_symlink() or not self.prev.is_dir() or (
+                os.listdir(self.prev) and not is_result_folder(self.prev)
+            ):
                 raise _err(
                     f"{str(self.prev)!r} exists and is not a previous dtsim result (dtsim keeps the previous "
                     "result there); move it away",
@@ -235,9 +237,12 @@ class ResultDir:
                 for name in user_files(self.out):
                     if not (staging / name).exists():
                         os.rename(self.out / name, staging / name)
-                if self.prev.exists():
-                    shutil.rmtree(self.prev)
-                os.rename(self.out, self.prev)
+                if not os.listdir(self.out):  # nothing of a previous result to keep
+                    os.rmdir(self.out)
+                else:
+                    if self.prev.exists():
+                        shutil.rmtree(self.prev)
+                    os.rename(self.out, self.prev)
             os.rename(staging, self.out)
             _fsync_dir(self.out.parent)
             self.staging = None

@@ -62,7 +62,7 @@ def simulate(scenario, calibration: str | Path | None = None) -> RunResult:
     result.summary["cost_model"] = report
     if getattr(cost, "name", "") == "calibrated":
         result.summary["calibration"] = {k: report.get(k) for k in ("profile", "device", "extrapolated_ops",
-                                                                    "fallbacks")}
+                                                                    "first_extrapolated_op", "fallbacks")}
     return result
 
 

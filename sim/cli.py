@@ -104,6 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
             plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
         write_report(staging, out)
+    cal = result.summary.get("calibration") or {}
+    if cal.get("extrapolated_ops"):
+        print(f"dtsim: note: {cal['extrapolated_ops']} op(s) lie outside the shapes the profile measured and are "
+              f"extrapolated (first: {cal.get('first_extrapolated_op')})", file=sys.stderr)
     if args.json:
         from sim.outputs.writers import summary_json
 

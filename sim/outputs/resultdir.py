@@ -49,8 +49,14 @@ def _err(msg: str, field: str = "--out") -> ScenarioError:
 
 
 def _writable_dir(path: Path, field: str) -> None:
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise _err(f"{str(path)!r} is not writable; choose a folder you can write to", field)
+    """Probe by creating (and removing) a file: permissions alone miss /proc, read-only mounts, full disks."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".dtsim-probe-")
+    except OSError as exc:
+        raise _err(f"{str(path)!r} is not writable ({exc.strerror}); choose a folder you can write to",
+                   field) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def existing_ancestor(path: Path, field: str = "--out") -> Path:

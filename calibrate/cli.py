@@ -105,6 +105,7 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
         from sim.outputs.resultdir import check_output_file
 
         check_output_file(out, "--out", (".json",))  # before torch and the devices: fail fast
+        _check_out(out, args)
     torch = _torch()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launched = torchrun_env()

@@ -6,7 +6,7 @@ through :class:`ResultDir`:
 1. ``ResultDir(out, command)`` checks the path *before any work* (not a file, not a device, not under a
    file, its parent writable, and an existing folder is a dtsim result or empty) and takes an exclusive
    lock (``.NAME.lock`` beside the folder), so a second run into the same folder fails at once with one
-   line instead of mixing files with the first.
+   line instead of mixing files with the first (the lock file is removed when the run ends).
 2. The command writes into ``staging``, a fresh hidden folder beside ``out`` (``.NAME.tmp-XXXX``).
 3. ``commit()`` swaps it in by rename: the previous result becomes ``NAME.prev`` (the one before that is
    deleted), files the user put into the folder themselves (anything dtsim did not write) are moved
@@ -139,6 +139,7 @@ class ResultDir:
         self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
         self.staging: Path | None = None
         self._lock_fd: int | None = None
+        self._lock_path = self.out.parent / f".{self.out.name}.lock"
         self._old_handlers: dict[int, object] = {}
         self._check()
         self._lock()
@@ -189,21 +190,31 @@ class ResultDir:
         parent = self.out.parent
         parent.mkdir(parents=True, exist_ok=True)
         lock = parent / f".{self.out.name}.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise _err(f"cannot create the lock file {str(lock)!r} ({exc.strerror}); choose another folder",
-                       self.field) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        for _ in range(10):  # the holder removes the file on release: lock the file that is there now
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as exc:
+                raise _err(f"cannot create the lock file {str(lock)!r} ({exc.strerror}); choose another folder",
+                           self.field) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise _err(
+                    f"another dtsim is writing {str(self.out)!r} right now (lock {lock.name} held); "
+                    "wait for it to finish or choose another --out",
+                    self.field,
+                ) from None
+            try:
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except OSError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            raise _err(
-                f"another dtsim is writing {str(self.out)!r} right now (lock {lock.name} held); "
-                "wait for it to finish or choose another --out",
-                self.field,
-            ) from None
-        self._lock_fd = fd
+        else:
+            raise _err(f"could not lock {str(lock)!r}; try again", self.field)
+        self._lock_fd, self._lock_path = fd, lock
         # Leftovers of a run killed outright (SIGKILL): ours to remove now that we hold the lock.
         for stale in parent.glob(f".{glob_escape(self.out.name)}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -292,6 +303,10 @@ class ResultDir:
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
+            try:
+                os.unlink(self._lock_path)  # while still holding it: a waiting opener re-checks the inode
+            except OSError:
+                pass
             os.close(self._lock_fd)
             self._lock_fd = None
 

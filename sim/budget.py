@@ -2,8 +2,9 @@
 
 The estimate counts the events that dominate wall time and memory, from the scenario alone (nothing
 is built): compute blocks (micro-batches × stages × layers × ops per layer, on the GPUs actually
-simulated), point-to-point transfers of every simulated collective (a ring all-reduce over g ranks is
-2g(g−1) transfers), pipeline sends, steps and collective repetitions. It is an order-of-magnitude figure
+simulated), the point-to-point transfers and sequential steps of every simulated collective (a ring
+all-reduce over g ranks is 2g(g−1) transfers in 2(g−1) steps), pipeline sends, steps and collective
+repetitions, each weighted by what it costs the engine. It is an order-of-magnitude figure
 (tests hold it within a factor of a few of the counts the shipped scenarios really produce), enough to
 refuse a run that would take hours or gigabytes *before* it starts, and to say so with the flag that
 raises the limit.
@@ -20,6 +21,10 @@ from sim.errors import ScenarioError
 # 4.2 M transfers in ~17 s): 3e7 events is a couple of minutes. Raise it with --max-events.
 DEFAULT_MAX_EVENTS = 30_000_000
 EVENTS_PER_S = 3e5
+# Measured costs in events (1/EVENTS_PER_S s each) on this engine: a transfer ~1.5 (4.9 µs, 256-GPU ring),
+# a collective step (a rate recompute and wake-up for all its transfers) ~40 (~125 µs, 8-GPU rings).
+EVENTS_PER_TRANSFER = 1.5
+EVENTS_PER_STEP = 40.0
 BYTES_PER_EVENT = 400  # a timeline span / flow record with its Python objects (order of magnitude)
 OPS_PER_LAYER = 12  # compute blocks per layer per micro-batch, forward + backward (transformer: ~10)
 SYMMETRY_AUTO_MIN_GPUS = 16  # mirrors sim.api (one GPU per stage is simulated from 16 GPUs up)
@@ -40,17 +45,21 @@ class WorkEstimate:
         return self.events * BYTES_PER_EVENT
 
 
-def _collective_transfers(op: str, algorithm: str, g: int) -> float:
-    """Point-to-point transfers of one collective over g ranks (upper end over the algorithms)."""
+def _collective_steps(op: str, algorithm: str, g: int) -> tuple[float, float]:
+    """(point-to-point transfers, sequential steps) of one collective over g ranks."""
     if g <= 1:
-        return 0.0
-    if op in ("all_reduce",) and algorithm in ("ring", "hierarchical"):
-        return 2.0 * g * (g - 1)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return float(g * (g - 1))
+        return 0.0, 0.0
     if algorithm in ("tree", "binomial"):
-        return 2.0 * g * max(1.0, math.log2(g))
-    return 2.0 * g * (g - 1)
+        log = max(1.0, math.log2(g))
+        return 2.0 * g * log, 2.0 * log
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return float(g * (g - 1)), float(g - 1)
+    return 2.0 * g * (g - 1), 2.0 * (g - 1)  # ring all-reduce (and the upper end of the rest)
+
+
+def _collective_cost(op: str, algorithm: str, g: int) -> float:
+    transfers, steps = _collective_steps(op, algorithm, g)
+    return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * steps
 
 
 def _symmetric(sc) -> bool:
@@ -81,10 +90,10 @@ def estimate_work(sc) -> WorkEstimate:
     steps = sc.simulation.steps
     if sc.is_collective:
         m = sc.model
-        per = _collective_transfers(m.op, m.algorithm, m.ranks)
+        per = _collective_cost(m.op, m.algorithm, m.ranks)
         events = steps * m.iterations * len(m.size_bytes) * per
         return WorkEstimate(events, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
-                                    f"{steps} step(s) × {per:.3g} transfers per {m.op} over {m.ranks} GPUs")
+                                    f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs")
     par, tr = sc.parallel, sc.training
     p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
     mb = max(1, sc.microbatches)
@@ -92,17 +101,24 @@ def estimate_work(sc) -> WorkEstimate:
     sim_gpus = p if _symmetric(sc) else sc.total_gpus
     per_gpu_layers = max(1.0, layers / p)
     compute = sim_gpus * mb * per_gpu_layers * OPS_PER_LAYER
-    tp = sim_gpus * mb * per_gpu_layers * 4 * 2 * (t - 1) if t > 1 else 0.0
-    pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p)
+    symmetric = _symmetric(sc)
+    tp_occurrences = sim_gpus * mb * per_gpu_layers * 4 if t > 1 else 0.0
+    # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
+    tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t)
+    pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
     grad_bytes = _params(sc.model) / max(1, p * t) * (4 if tr.precision in ("fp32", "tf32") else 2)
     buckets = max(1, math.ceil(grad_bytes / (par.bucket_MB * 1e6))) if d > 1 else 0
-    dp = p * buckets * _collective_transfers("all_reduce", "ring", d) * (2 if par.zero >= 3 else 1)
+    # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
+    # buckets of one size are then simulated about once per stage (full buckets and the remainder).
+    simulated_buckets = min(buckets, 4) if symmetric else buckets
+    dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d) + buckets)
+    dp *= 2 if par.zero >= 3 else 1
     per_step = compute + tp + pp + dp
     events = steps * per_step
     return WorkEstimate(
         events,
         f"{steps} step(s) × ({sim_gpus} simulated GPUs × {mb} micro-batches × {per_gpu_layers:.0f} layers × "
-        f"{OPS_PER_LAYER} ops + {tp + pp + dp:.3g} transfers)",
+        f"{OPS_PER_LAYER} ops + {tp + pp + dp:.3g} for communication)",
     )
 
 

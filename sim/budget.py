@@ -13,6 +13,8 @@ raises the limit.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sim.errors import ScenarioError
@@ -25,7 +27,10 @@ EVENTS_PER_S = 3e5
 # a collective step (a rate recompute and wake-up for all its transfers) ~40 (~125 µs, 8-GPU rings).
 EVENTS_PER_TRANSFER = 1.5
 EVENTS_PER_STEP = 40.0
-BYTES_PER_EVENT = 400  # a timeline span / flow record with its Python objects (order of magnitude)
+# Memory: ~400 B per timeline span while simulating (gpt3-175b: 150k spans, +60 MB) and as much again to
+# write trace.json and timeline.csv; the interpreter with numpy, SimPy and pydantic is ~55 MB.
+BYTES_PER_SPAN = 1000
+BASE_MEMORY_BYTES = 55e6
 OPS_PER_LAYER = 12  # compute blocks per layer per micro-batch, forward + backward (transformer: ~10)
 SYMMETRY_AUTO_MIN_GPUS = 16  # mirrors sim.api (one GPU per stage is simulated from 16 GPUs up)
 PROGRESS_EVENTS = 2_000_000  # say what is coming on stderr above this
@@ -35,6 +40,7 @@ PROGRESS_EVENTS = 2_000_000  # say what is coming on stderr above this
 class WorkEstimate:
     events: float
     detail: str
+    spans: float = 0.0  # timeline records kept in memory and written out
 
     @property
     def seconds(self) -> float:
@@ -42,7 +48,7 @@ class WorkEstimate:
 
     @property
     def memory_bytes(self) -> float:
-        return self.events * BYTES_PER_EVENT
+        return BASE_MEMORY_BYTES + self.spans * BYTES_PER_SPAN
 
 
 def _collective_steps(op: str, algorithm: str, g: int) -> tuple[float, float]:
@@ -91,9 +97,10 @@ def estimate_work(sc) -> WorkEstimate:
     if sc.is_collective:
         m = sc.model
         per = _collective_cost(m.op, m.algorithm, m.ranks)
-        events = steps * m.iterations * len(m.size_bytes) * per
-        return WorkEstimate(events, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
-                                    f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs")
+        runs = steps * m.iterations * len(m.size_bytes)
+        return WorkEstimate(runs * per, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
+                                        f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs",
+                            spans=runs * m.ranks)
     par, tr = sc.parallel, sc.training
     p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
     mb = max(1, sc.microbatches)
@@ -115,10 +122,12 @@ def estimate_work(sc) -> WorkEstimate:
     dp *= 2 if par.zero >= 3 else 1
     per_step = compute + tp + pp + dp
     events = steps * per_step
+    spans = steps * (compute + tp_occurrences + 2.0 * mb * v * (p - 1) * (sim_gpus / p) + sim_gpus * buckets)
     return WorkEstimate(
         events,
         f"{steps} step(s) × ({sim_gpus} simulated GPUs × {mb} micro-batches × {per_gpu_layers:.0f} layers × "
         f"{OPS_PER_LAYER} ops + {tp + pp + dp:.3g} for communication)",
+        spans=spans,
     )
 
 
@@ -170,3 +179,35 @@ def positive_events(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number of events, got {text!r}")
     return value
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+@contextmanager
+def progress_on_stderr(world, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
+    """While a long simulation runs, say every ``every_s`` seconds on stderr how far it has got (wall time,
+    transfers, the simulated clock), from a daemon thread that only reads counters."""
+    import sys
+    import threading
+    import time
+
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def report() -> None:
+        while not stop.wait(every_s):
+            print(f"dtsim: simulating… {time.perf_counter() - t0:.0f} s, {world.network.transfers:,} transfers, "
+                  f"{world.compute_events:,} compute ops, simulated clock {world.env.now:.4g} s",
+                  file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=report, name="dtsim-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1.0)

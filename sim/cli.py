@@ -85,16 +85,16 @@ def _default_out(name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.api import simulate, write_results
-    from sim.budget import check_budget
+    from sim.budget import PROGRESS_EVENTS, check_budget
     from sim.outputs.report import write_report
     from sim.outputs.resultdir import ResultDir
     from sim.scenario.load import load_scenario
 
     sc = load_scenario(args.scenario, args.set or [])
     out = Path(args.out) if args.out else _default_out(sc.name)
-    check_budget(sc, args.max_events)
+    est = check_budget(sc, args.max_events)
     with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
-        result = simulate(sc, args.calibration)
+        result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
         write_results(result, staging, charts=not args.no_charts)
         if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
             from sim.api import bubble_sweep

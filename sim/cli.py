@@ -199,7 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning as one plain line (no source path and line): users see what, not where."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    print(f"dtsim: warning: {text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "calibrate":

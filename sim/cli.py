@@ -135,7 +135,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     src = Path(args.result_dir)
     tl, summary = load_result(src)  # a missing or corrupt result is refused before anything is written
-    out = Path(args.out) if args.out else src
+    out = Path(args.out) if args.out else src.expanduser().resolve()
     in_place = out.expanduser().resolve() == src.expanduser().resolve()
     with ResultDir(out, "plot", carry=in_place) as staging:
         names = [p.name for p in draw_all(tl, summary, staging)]

@@ -198,7 +198,9 @@ class ResultDir:
                            self.field) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    break  # a file system without locks (some network mounts): write unlocked
                 os.close(fd)
                 raise _err(
                     f"another dtsim is writing {str(self.out)!r} right now (lock {lock.name} held); "

@@ -47,7 +47,7 @@ def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
 
     ``field`` names where the path came from in error messages (a scenario key, a CLI option)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise ScenarioError(
             f"file {str(p)!r} does not exist; run `dtsim calibrate --out {p}` first", field=field
         )

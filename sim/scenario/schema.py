@@ -63,6 +63,7 @@ MAX_PEAK_TFLOPS = 1e6
 MIN_MEMORY_GBps = 1e-3  # 1 MB/s of HBM bandwidth
 MAX_MEMORY_GBps = 1e6
 MAX_LAUNCH_US = 1e6
+MAX_NICS_PER_NODE = 64  # DGX H100: 8 compute + 2 storage NICs; every NIC is a channel each transfer is split over
 
 
 class RuleError(ValueError):
@@ -215,7 +216,9 @@ class Cluster(_Strict):
         INTER_PRESETS["hdr"],
         description="inter-node link preset (edr, hdr, ndr, xdr) or inline mapping (per NIC)",
     )
-    nics_per_node: int = Field(ge=1, description="network interfaces per node; default: gpus_per_node")
+    nics_per_node: int = Field(
+        ge=1, le=MAX_NICS_PER_NODE, description="network interfaces per node (at most 64); default: gpus_per_node"
+    )
     topology: Topology = Field(
         Topology(),
         description="fat-tree | single-switch, or a mapping {kind, oversubscription, nodes_per_leaf}",
@@ -782,9 +785,11 @@ class Training(_Strict):
     )
     gradient_compression: Compression | None = Field(None, description="null, or {kind: topk, ratio}")
     tokens: float | None = Field(
-        None, gt=0, description="total training tokens (time-to-train); transformer only"
+        None, gt=0, le=1e18, description="total training tokens (time-to-train, at most 1e18); transformer only"
     )
-    train_steps: int | None = Field(None, gt=0, description="total optimizer steps (time-to-train)")
+    train_steps: int | None = Field(
+        None, gt=0, le=10**12, description="total optimizer steps (time-to-train, at most 1e12)"
+    )
 
     @field_validator(
         "loss_scaling",

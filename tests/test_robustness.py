@@ -62,6 +62,7 @@ def test_scenario_must_be_a_regular_file(tmp_path, capsys) -> None:
         ("cluster.intra_node={bandwidth_Gbps: 1e-300}", "bandwidth"),
         ("cluster.gpu.peak_tflops.bf16=1e-300", "peak_tflops"),
         ("parallel.bucket_MB=1e-300", "bucket_MB"),
+        ("cluster.nics_per_node=1000000000", "nics_per_node"),
     ],
 )
 def test_out_of_range_values_are_one_line(setting, needle, tmp_path, capsys) -> None:
@@ -80,6 +81,26 @@ def test_collective_of_a_million_tebibytes_finishes_at_link_speed(tmp_path, caps
     assert row["size_bytes"] == 2**40 * 10**6 and row["busbw_GBps"] == pytest.approx(240.0, rel=1e-6)
     _fails_in_one_line(["run", nccl, "--set", "model.size_bytes=[1, 2e30]", "--out", str(tmp_path / "o")],
                        capsys, "size_bytes")
+
+
+def test_time_to_train_stays_readable(tmp_path, capsys) -> None:
+    gpt = str(ROOT / "scenarios" / "gpt3-1.3b-16xa100.yaml")
+    _fails_in_one_line(["run", gpt, "--set", "training.tokens=1e300", "--out", str(tmp_path / "o")], capsys,
+                       "training.tokens")
+
+
+def test_python_warnings_are_one_plain_line(capsys, monkeypatch) -> None:
+    import warnings
+
+    import sim.cli as cli
+
+    def warns(args) -> int:
+        warnings.warn("something odd\nwith detail", RuntimeWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_schema", warns)
+    assert cli.main(["schema"]) == 0
+    assert capsys.readouterr().err == "dtsim: warning: something odd\n"
 
 
 # ---- the network always makes progress --------------------------------------------------------------
@@ -193,6 +214,13 @@ def test_corrupt_profile_is_one_line_naming_file_and_field(edit, needle, tmp_pat
     p = _profile_with(tmp_path, edit)
     line = _fails_in_one_line(["run", SEED, "--calibration", str(p), "--out", str(tmp_path / "o")], capsys, needle)
     assert str(p) in line and "dtsim calibrate" in line
+
+
+def test_profile_that_is_a_device_is_named_as_such(capsys) -> None:
+    from calibrate.cli import main as calibrate_main
+
+    assert calibrate_main(["--report", "/dev/zero"]) == 2
+    assert "a device" in capsys.readouterr().err
 
 
 def test_profile_with_nan_or_bad_bytes(tmp_path, capsys) -> None:

@@ -224,14 +224,20 @@ class ResultDir:
     # ---- the transaction ---------------------------------------------------------------------------
     def __enter__(self) -> Path:
         self._install_signals()
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
-        os.chmod(self.staging, 0o777 & ~_umask())
-        if self.carry and self.out.is_dir():
-            listed = _manifest_files(self.out)
-            for name in os.listdir(self.out):
-                src = self.out / name
-                if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
-                    _link_or_copy(src, self.staging / name)
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+            os.chmod(self.staging, 0o777 & ~_umask())
+            if self.carry and self.out.is_dir():
+                listed = _manifest_files(self.out)
+                for name in os.listdir(self.out):
+                    src = self.out / name
+                    if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
+                        _link_or_copy(src, self.staging / name)
+        except BaseException:  # no __exit__ will run: undo what was set up
+            self._abort(interrupted=False)
+            self._restore_signals()
+            self._unlock()
+            raise
         return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -311,10 +317,6 @@ class ResultDir:
                 pass
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    def release(self) -> None:
-        """Give up without writing (the command failed before it got to write)."""
-        self._unlock()
 
 
 def glob_escape(name: str) -> str:

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", type=_sections, default=SECTIONS, help=f"sections to run: {','.join(SECTIONS)}")
     p.add_argument("--resume", action="store_true", help="keep finished sections of --out and run the rest")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing profile at --out even when this run measures fewer sections than it holds",
+    )
+    p.add_argument(
         "--report",
         type=Path,
         default=None,
@@ -96,6 +101,11 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
             f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/cpu-profile.json)",
             field="--out",
         )
+    if out is not None and not (out.is_dir() or str(out).endswith(os.sep)):
+        from sim.outputs.resultdir import check_output_file
+
+        check_output_file(out, "--out", (".json",))  # before torch and the devices: fail fast
+        _check_out(out, args)
     torch = _torch()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launched = torchrun_env()
@@ -139,7 +149,28 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
             f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/{default_name})",
             field="--out",
         )
+    _check_out(out, args)
     return CalibrationOptions(device=device, world=world, out=out, sections=args.only, resume=args.resume)
+
+
+def _check_out(out: Path, args: argparse.Namespace) -> None:
+    """Before any measurement: --out is writable, and an existing profile is never silently cut down."""
+    from sim.outputs.resultdir import check_output_file
+
+    check_output_file(out, "--out", (".json",))
+    if not out.exists() or args.resume or args.force:
+        return
+    from calibrate.profile import finished_sections, load_profile
+
+    have = finished_sections(load_profile(out, field="--out"))
+    dropped = sorted(have - set(args.only))
+    if dropped:
+        raise ScenarioError(
+            f"{str(out)!r} already holds the {', '.join(sorted(have))} section(s) and this run measures only "
+            f"{','.join(args.only)}, which would drop {', '.join(dropped)}; add --resume to merge into it "
+            "(keeping its sections), or --force to replace it",
+            field="--out",
+        )
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -157,6 +188,9 @@ def _report(args: argparse.Namespace) -> int:
             f"{str(png)!r} with --report must be a .png file or an existing folder (e.g. --out fits.png)",
             field="--out",
         )
+    from sim.outputs.resultdir import check_output_file
+
+    check_output_file(png, "--out", (".png",))
     print(format_report(profile, str(args.report)))
     print(f"plot: {plot_profile(profile, png)}")
     return 0

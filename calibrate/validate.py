@@ -422,6 +422,10 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
             f"validate on the device the profile describes (drop --device, or calibrate with --device {device})",
             field="--device",
         )
+    out = args.out or Path("results") / "validate" / args.profile.stem
+    from sim.outputs.resultdir import check_output_file
+
+    check_output_file(out / "validate.json", "--out", (".json",))  # before torch and the measurements
     torch = import_torch()
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError(f"'cuda' asked but torch {torch.__version__} sees no CUDA GPU", field="--device")
@@ -431,7 +435,6 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
             f"{world} asked but {torch.cuda.device_count()} GPU(s) visible; use --gpus {torch.cuda.device_count()}",
             field="--gpus",
         )
-    out = args.out or Path("results") / "validate" / args.profile.stem
     return profile, device, world, out
 
 

@@ -39,16 +39,20 @@ def _use_symmetry(scenario) -> bool:
     return scenario.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
 
 
-def simulate(scenario, calibration: str | Path | None = None) -> RunResult:
-    """Simulate ``scenario`` and return its summary and timeline (nothing is written)."""
+def simulate(scenario, calibration: str | Path | None = None, progress: bool = False) -> RunResult:
+    """Simulate ``scenario`` and return its summary and timeline (nothing is written); ``progress``
+    reports on stderr every few seconds while it runs."""
+    from sim.budget import progress_on_stderr
+
     t_wall = time.perf_counter()
     cost = cost_model_for(scenario, calibration)
     topo = topology_for(scenario, cost)
     world = World(topo)
-    if scenario.is_collective:
-        result = _collective(scenario, world)
-    else:
-        result = _training(scenario, world, cost)
+    with progress_on_stderr(world, progress):
+        if scenario.is_collective:
+            result = _collective(scenario, world)
+        else:
+            result = _training(scenario, world, cost)
     result.stats.update({
         "wall_s": time.perf_counter() - t_wall,
         "transfers": world.network.transfers,
@@ -62,7 +66,7 @@ def simulate(scenario, calibration: str | Path | None = None) -> RunResult:
     result.summary["cost_model"] = report
     if getattr(cost, "name", "") == "calibrated":
         result.summary["calibration"] = {k: report.get(k) for k in ("profile", "device", "extrapolated_ops",
-                                                                    "fallbacks")}
+                                                                    "first_extrapolated_op", "fallbacks")}
     return result
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -86,22 +87,29 @@ def _default_out(name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.api import simulate, write_results
+    from sim.budget import PROGRESS_EVENTS, check_budget
+    from sim.outputs.report import write_report
+    from sim.outputs.resultdir import ResultDir
     from sim.scenario.load import load_scenario
 
     sc = load_scenario(args.scenario, args.set or [])
-    result = simulate(sc, args.calibration)
     out = Path(args.out) if args.out else _default_out(sc.name)
-    write_results(result, out, charts=not args.no_charts)
-    from sim.outputs.report import write_report
+    est = check_budget(sc, args.max_events)
+    with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
+        result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
+        write_results(result, staging, charts=not args.no_charts)
+        if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
+            from sim.api import bubble_sweep
+            from sim.outputs.bubble import plot_bubble_vs_microbatches
 
-    if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
-        from sim.api import bubble_sweep
-        from sim.outputs.bubble import plot_bubble_vs_microbatches
-
-        p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
-        ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
-        plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, out / "bubble_vs_m", virtual_stages=v)
-    write_report(out)
+            p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
+            ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
+            plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
+        write_report(staging, out)
+    cal = result.summary.get("calibration") or {}
+    if cal.get("extrapolated_ops"):
+        print(f"dtsim: note: {cal['extrapolated_ops']} op(s) lie outside the shapes the profile measured and are "
+              f"extrapolated (first: {cal.get('first_extrapolated_op')})", file=sys.stderr)
     if args.json:
         from sim.outputs.writers import summary_json
 
@@ -122,11 +130,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.outputs.replot import replot
+    from sim.outputs.charts import draw_all
+    from sim.outputs.replot import load_result
+    from sim.outputs.report import write_report
+    from sim.outputs.resultdir import ResultDir
 
-    paths = replot(Path(args.result_dir), Path(args.out) if args.out else None)
-    for p in paths:
-        print(p)
+    src = Path(args.result_dir)
+    tl, summary = load_result(src)  # a missing or corrupt result is refused before anything is written
+    out = Path(args.out) if args.out else src.expanduser().resolve()
+    in_place = out.expanduser().resolve() == src.expanduser().resolve()
+    with ResultDir(out, "plot", carry=in_place) as staging:
+        names = [p.name for p in draw_all(tl, summary, staging)]
+        if in_place or (staging / "summary.json").exists():
+            write_report(staging, out)
+    for name in names:
+        print(out / name)
     return 0
 
 
@@ -153,6 +171,8 @@ def cmd_validate(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.budget import DEFAULT_MAX_EVENTS, positive_events
+
     p = _Parser(prog="dtsim", description="Simulate distributed training on GPU clusters.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -163,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
+    r.add_argument("--max-events", type=positive_events, default=None,
+                   help=f"refuse scenarios estimated above this many simulation events (default {DEFAULT_MAX_EVENTS:.0e})")
     r.add_argument("--bubble-sweep", action="store_true",
                    help="also simulate m = p, 2p, 4p, 8p micro-batches and chart the bubble against m")
     r.set_defaults(func=cmd_run)
@@ -184,15 +206,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning as one plain line (no source path and line): users see what, not where."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    print(f"dtsim: warning: {text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "calibrate":
-            return cmd_calibrate(argv[1:])
-        if argv and argv[0] == "validate":
-            return cmd_validate(argv[1:])
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+            code = cmd_calibrate(argv[1:])
+        elif argv and argv[0] == "validate":
+            code = cmd_validate(argv[1:])
+        else:
+            args = build_parser().parse_args(argv)
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, inside the handlers below
+        return code
     except ScenarioError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dtsim: error: {msg}", file=sys.stderr)
@@ -203,6 +242,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dtsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dtsim plan … | head -1`: the reader has what it wanted
+        _silence_stdout()
+        return 0
+    except OSError as e:  # a full disk, a read-only file system, a folder removed under us
+        _silence_stdout()
+        what = f"writing {e.filename}" if e.filename else "writing the output"
+        print(f"dtsim: error: {what} failed: {e.strerror or e}; free space or choose another destination",
+              file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("dtsim: error: out of memory; make the scenario smaller (fewer GPUs, micro-batches, steps)",
+              file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

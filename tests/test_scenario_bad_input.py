@@ -336,7 +336,7 @@ def _with(**sections) -> dict:
         (_with(training=None), "training: missing — a synthetic model needs a training section"),
         (_with(model={"kind": "synthetic", "layers": 8, "forward_ms": "1ms"}), "must be a finite number"),
         (_with(parallel={"zero": 4}), "parallel.zero: 4 — must be ≤ 3"),
-        (_with(parallel={"bucket_MB": 0}), "must be > 0"),
+        (_with(parallel={"bucket_MB": 0}), "must be ≥ 0.001"),
     ],
 )
 def test_bad_dict(d: dict, expect: str):

@@ -15,7 +15,8 @@ How each op is priced:
                dtype does not matter).
   FIXED        op.fixed_s.
 Dtypes (or sections) the profile lacks go to ``fallback`` and ``report()`` lists them. Shapes outside
-the measured range are extrapolated, counted (distinct ops) and warned about once.
+the measured range are extrapolated, counted (distinct ops) and named in ``report()`` (no Python warning:
+the CLI prints one note line).
 
 Only numpy and JSON are used here: ``calibrate.fit`` and ``calibrate.profile`` never import torch.
 """
@@ -23,7 +24,6 @@ Only numpy and JSON are used here: ``calibrate.fit`` and ``calibrate.profile`` n
 from __future__ import annotations
 
 import os
-import warnings
 
 from calibrate.fit import BandwidthCurve, ShapeTable
 from calibrate.profile import device_name, load_profile
@@ -54,6 +54,7 @@ class CalibratedCostModel:
         ]
         self._cache: dict[Op, float] = {}
         self._extrapolated = 0
+        self._first_extrapolated = ""
         self._fallbacks: dict[str, None] = {}  # ordered set of reasons
 
     # ------------------------------------------------------------------------------------------ ops
@@ -106,13 +107,8 @@ class CalibratedCostModel:
     def _note(self, op: Op, t: float, extrapolated: bool, where: str) -> float:
         if extrapolated:
             self._extrapolated += 1
-            if self._extrapolated == 1:
-                warnings.warn(
-                    f"calibrated cost model: {op.name} {where} is outside the range measured in {self.profile_path}; "
-                    "extrapolating (report()['extrapolated_ops'] counts such ops)",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+            if self._extrapolated == 1:  # reported in the summary (and by the CLI as one note), not warned
+                self._first_extrapolated = f"{op.name} {where}"
         return t
 
     def _fall(self, op: Op, reason: str) -> float:
@@ -139,6 +135,7 @@ class CalibratedCostModel:
             "profile": self.profile_path,
             "device": device_name(self.profile),
             "extrapolated_ops": self._extrapolated,
+            "first_extrapolated_op": self._first_extrapolated,
             "fallbacks": list(self._fallbacks),
             "link_scopes": sorted({f["scope"] for f in self._links}),
         }

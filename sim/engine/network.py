@@ -16,6 +16,10 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from sim.errors import ScenarioError
+
+MAX_TRANSFER_S = 1e12  # ~31,700 years: beyond this, float time has no resolution left for the rest of a run
+
 
 class TransferOwner(Protocol):
     def transfer_done(self, tag: int) -> None: ...
@@ -70,6 +74,7 @@ class Network:
         self._last_t = 0.0
         self._version = 0
         self._recompute_due = False
+        self._due = np.zeros(0, dtype=bool)  # flows the pending wake-up finishes (by arithmetic)
         self.transfers = 0  # transfers started (statistics)
         self.flow_events = 0  # flow starts + completions (statistics)
         self.rate_updates = 0
@@ -162,7 +167,17 @@ class Network:
             return
         self._rate = self._max_min_rates()
         self.rate_updates += 1
-        dt = float(np.min(self._rem / self._rate))
+        finish_s = self._rem / self._rate
+        dt = float(np.min(finish_s))
+        if not dt < MAX_TRANSFER_S:  # also NaN: a zero, negative or NaN rate never finishes
+            raise ScenarioError(
+                f"a transfer would take {dt:.3g} s at {float(np.min(self._rate)):.3g} B/s (more than "
+                f"{MAX_TRANSFER_S:.0e} s); give the links (or the calibration profile's fitted bandwidth) a real rate",
+                "network",
+            )
+        # The flows finishing first are done at that wake-up whatever float residue the clock leaves:
+        # each wake-up completes at least one flow, so the clock always moves on.
+        self._due = finish_s <= dt
         v = self._version
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._wake(v))
 
@@ -170,8 +185,10 @@ class Network:
         if version != self._version:
             return
         self._advance()
-        # A flow is done when what is left would take under a picosecond (float residue).
-        done = self._rem <= self._rate * 1e-12 + 1e-9
+        # A flow is done when it was due now, or when what is left would take under a picosecond or a
+        # few ticks of the clock at this time (float residue).
+        tick_s = max(1e-12, 4.0 * float(np.spacing(self.env.now)))
+        done = self._due | (self._rem <= self._rate * tick_s + 1e-9)
         finished = self._obj[done]
         keep = ~done
         e_done = done[self._ef]
@@ -186,6 +203,7 @@ class Network:
         self._rem = self._rem[keep]
         self._size = self._size[keep]
         self._rate = self._rate[keep]
+        self._due = self._due[keep]
         self.flow_events += len(finished)
         self._request_recompute()
         for f in finished:

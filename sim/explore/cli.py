@@ -15,6 +15,8 @@ from sim.errors import ScenarioError
 from sim.explore.runner import EXECUTORS, default_workers
 from sim.outputs.writers import atomic_write_text
 
+MAX_PLAN_GPUS = 10**13  # far beyond any cluster; keeps factorising the count instant
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -33,6 +35,8 @@ def _gpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected GPU counts like 512 or 512,1024, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive GPU counts, got {text!r}")
+    if any(v > MAX_PLAN_GPUS for v in values):
+        raise argparse.ArgumentTypeError(f"expected GPU counts up to {MAX_PLAN_GPUS:.0e}, got {text!r}")
     return values
 
 
@@ -74,101 +78,147 @@ def _slug(text: str, limit: int = 80) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:limit] or "run"
 
 
-def _finish(out: Path) -> None:
+def _finish(staging: Path, out: Path) -> None:
     from sim.outputs.report import write_report
 
-    report = write_report(out)
-    print(f"{'results':<10} {out}/ (report: {report})")
+    write_report(staging, out)
+
+
+def _done(out: Path) -> None:
+    print(f"{'results':<10} {out}/ (report: {out / 'report.html'})")
+
+
+def _name_of(path: str) -> str:
+    """A scenario file's name (for a default result folder), read before any work."""
+    from sim.scenario.load import read_scenario_file
+
+    name = read_scenario_file(path).get("name")
+    return str(name) if isinstance(name, str) and name else Path(path).stem
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from sim.explore.compare import compare, compare_table, write_compare
+    from sim.budget import check_budget
+    from sim.explore.compare import compare, compare_table, unique_labels, write_compare
+    from sim.outputs.resultdir import ResultDir
+    from sim.scenario.load import load_scenario
 
     _check_executor(args)
     if len(args.scenarios) < 2:
         raise ScenarioError("compare needs at least two scenario files", "compare")
-    rows = compare(
-        args.scenarios,
-        args.set,
-        workers=args.workers,
-        executor=args.executor,
-        address=args.address,
-        progress=not args.no_progress,
+    for path in args.scenarios:  # every file valid and of bounded size before anything runs
+        try:
+            check_budget(load_scenario(path, args.set), announce=False)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{path}: {exc}") from None
+    labels = unique_labels([_name_of(p) for p in args.scenarios])
+    out = Path(args.out) if args.out else Path("results") / _slug(
+        "compare-" + "-vs-".join(re.sub(r"^compare-", "", label) for label in labels)
     )
-    out = (
-        Path(args.out)
-        if args.out
-        else Path("results") / _slug("compare-" + "-vs-".join(r["label"] for r in rows))
-    )
-    write_compare(rows, out, charts=not args.no_charts)
-    table = compare_table(rows)
-    atomic_write_text(out / "compare.txt", table + "\n")
+    with ResultDir(out, "compare") as staging:
+        rows = compare(
+            args.scenarios,
+            args.set,
+            workers=args.workers,
+            executor=args.executor,
+            address=args.address,
+            progress=not args.no_progress,
+        )
+        write_compare(rows, staging, charts=not args.no_charts)
+        table = compare_table(rows)
+        atomic_write_text(staging / "compare.txt", table + "\n")
+        _finish(staging, out)
     print(table)
-    _finish(out)
+    _done(out)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.explore.sweep import NO_FIT, OK, counts, sweep, sweep_text, write_sweep
-    from sim.scenario.load import read_scenario_file
+    from sim.outputs.resultdir import ResultDir
 
     _check_executor(args)
-    rows = sweep(
-        args.scenario,
-        args.grid,
-        args.set,
-        fit_data=args.fit_data,
-        workers=args.workers,
-        executor=args.executor,
-        address=args.address,
-        progress=not args.no_progress,
-    )
     keys = [g.partition("=")[0].strip() for g in args.grid]
-    name = read_scenario_file(args.scenario).get("name", Path(args.scenario).stem)
+    name = _name_of(args.scenario)
     out = Path(args.out) if args.out else Path("results") / _slug(f"sweep-{name}")
-    write_sweep(rows, keys, out, charts=not args.no_charts, title=f"sweep of {name}")
-    text = sweep_text(rows, keys)
-    atomic_write_text(out / "sweep.txt", text + "\n")
-    print(text)
-    _finish(out)
-    n = counts(rows)
-    if n[OK] + n[NO_FIT] == 0:
-        raise ScenarioError(
-            f"no point of the sweep could be simulated (first reason: {rows[0]['reason']})", "--grid"
+    with ResultDir(out, "sweep") as staging:
+        rows = sweep(
+            args.scenario,
+            args.grid,
+            args.set,
+            fit_data=args.fit_data,
+            workers=args.workers,
+            executor=args.executor,
+            address=args.address,
+            progress=not args.no_progress,
         )
+        n = counts(rows)
+        if n[OK] + n[NO_FIT] == 0:
+            raise ScenarioError(
+                f"no point of the sweep could be simulated (first reason: {rows[0]['reason']})", "--grid"
+            )
+        write_sweep(rows, keys, staging, charts=not args.no_charts, title=f"sweep of {name}")
+        text = sweep_text(rows, keys)
+        atomic_write_text(staging / "sweep.txt", text + "\n")
+        _finish(staging, out)
+    print(text)
+    _done(out)
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from sim.explore.plan import plan, plan_text, write_plan
+    from sim.outputs.resultdir import ResultDir
 
     _check_executor(args)
-    result = plan(
-        args.scenario,
-        args.set,
-        gpus=args.gpus,
-        objective=args.objective,
-        top=args.top,
-        workers=args.workers,
-        executor=args.executor,
-        address=args.address,
-        progress=not args.no_progress,
-        max_micro_batch=args.max_micro_batch,
-    )
-    out = Path(args.out) if args.out else Path("results") / _slug(f"plan-{result.name}")
-    text = plan_text(result, args.workers)
-    print(text)
-    if result.winner is None:
-        raise ScenarioError(
-            "no candidate fits in memory and simulates; try more GPUs (--gpus) or a smaller global batch",
-            "plan",
+    out = Path(args.out) if args.out else Path("results") / _slug(f"plan-{_name_of(args.scenario)}")
+    with ResultDir(out, "plan") as staging:
+        result = plan(
+            args.scenario,
+            args.set,
+            gpus=args.gpus,
+            objective=args.objective,
+            top=args.top,
+            workers=args.workers,
+            executor=args.executor,
+            address=args.address,
+            progress=not args.no_progress,
+            max_micro_batch=args.max_micro_batch,
         )
-    files = write_plan(result, out)
-    atomic_write_text(out / "plan.txt", text + "\n")
-    if out / "best.yaml" in files:
+        text = plan_text(result, args.workers)
+        if result.winner is None:
+            print(text)
+            raise ScenarioError(no_winner_advice(args, result), "plan")
+        files = write_plan(result, staging)
+        atomic_write_text(staging / "plan.txt", text + "\n")
+        _finish(staging, out)
+    print(text)
+    if staging / "best.yaml" in files:
         print(f"{'best':<10} {out / 'best.yaml'} (run it: dtsim run {out / 'best.yaml'})")
-    _finish(out)
+    _done(out)
     return 0
+
+
+MAX_ADVISED_GPUS = 100_000  # beyond this, "try more GPUs" is no advice
+
+
+def no_winner_advice(args: argparse.Namespace, result) -> str:
+    """Why no plan candidate won, with advice that fits the GPU counts asked for."""
+    counts = list(getattr(result, "gpu_counts", None) or args.gpus or [])
+    base = getattr(result, "base", None)
+    if base is not None and counts:
+        largest_layout = base.training.global_batch * base.cluster.gpus_per_node * base.model.layers
+        if min(counts) > largest_layout:  # data ≤ batch, tensor ≤ GPUs per node, pipeline ≤ layers
+            return (
+                f"no layout uses {min(counts):,} GPUs: data × tensor × pipeline is at most global batch × "
+                f"GPUs per node × layers = {largest_layout:,}; plan for fewer GPUs (--gpus) or set a larger "
+                "training.global_batch"
+            )
+    if counts and max(counts) >= MAX_ADVISED_GPUS:
+        return (
+            f"no candidate fits in memory and simulates, even on {max(counts):,} GPUs; use a smaller model, "
+            "GPUs with more memory, or another global batch"
+        )
+    return "no candidate fits in memory and simulates; try more GPUs (--gpus) or a smaller global batch"
 
 
 def add_explore_commands(sub) -> None:

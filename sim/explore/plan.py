@@ -64,7 +64,20 @@ class PlanResult:
 
 # ---- search space -----------------------------------------------------------------------------------
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Every divisor of n, ascending, from its prime factors (trial division to √n: fast for any GPU count)."""
+    factors: dict[int, int] = {}
+    rest, q = n, 2
+    while q * q <= rest:
+        while rest % q == 0:
+            factors[q] = factors.get(q, 0) + 1
+            rest //= q
+        q += 1 if q == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    out = [1]
+    for prime, power in factors.items():
+        out = [d * prime**e for d in out for e in range(power + 1)]
+    return sorted(out)
 
 
 def _tensor_rule(model, t: int) -> str | None:

@@ -46,11 +46,13 @@ def no_fit_reason(summary: dict) -> str:
 def simulate_point(data: dict, base_dir: str | None = None) -> dict:
     """Validate and simulate one scenario mapping (a worker's whole job); failures come back as data."""
     from sim.api import simulate
+    from sim.budget import check_budget
     from sim.scenario.load import scenario_from_dict
 
     t0 = time.perf_counter()
     try:
         scenario = scenario_from_dict(data, base_dir=Path(base_dir) if base_dir else None)
+        check_budget(scenario, announce=False)  # one huge point must not stall the whole sweep
         summary = simulate(scenario).summary
     except ScenarioError as exc:
         return {"status": INVALID, "reason": first_line(exc), "wall_s": time.perf_counter() - t0}

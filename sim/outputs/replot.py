@@ -11,14 +11,59 @@ from sim.errors import ScenarioError
 
 
 def load_result(result_dir: Path) -> tuple[Timeline, dict]:
+    """The timeline and summary of a result folder; a missing or corrupt file is one ScenarioError
+    naming the file, what is wrong with it and the fix."""
+    result_dir = Path(result_dir)
+    if not result_dir.is_dir():
+        state = "is not a folder" if result_dir.exists() else "not found"
+        raise ScenarioError(f"{str(result_dir)!r} {state}; give a folder written by `dtsim run`", "result_dir")
+    try:
+        return _load(result_dir)
+    except ScenarioError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, csv.Error) as exc:
+        where = getattr(exc, "dtsim_file", None) or "the result files"
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(
+            f"{where} is corrupt or truncated ({type(exc).__name__}: {detail[:120]}); rerun `dtsim run` to "
+            "write the result again",
+            "result_dir",
+        ) from None
+
+
+def _tag(path: Path):
+    """Context: an exception raised while reading ``path`` carries its name."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def ctx():
+        try:
+            yield
+        except Exception as exc:
+            if not hasattr(exc, "dtsim_file"):
+                try:
+                    exc.dtsim_file = str(path)  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
+            raise
+
+    return ctx()
+
+
+def _load(result_dir: Path) -> tuple[Timeline, dict]:
     summary_p, csv_p, trace_p = result_dir / "summary.json", result_dir / "timeline.csv", result_dir / "trace.json"
     for p in (summary_p, csv_p):
         if not p.is_file():
             raise ScenarioError(f"{p} not found; give a folder written by `dtsim run`", "result_dir")
-    summary = json.loads(summary_p.read_text())
+    with _tag(summary_p):
+        summary = json.loads(summary_p.read_text(encoding="utf-8"))
+        if not isinstance(summary, dict):
+            raise ValueError("not a JSON object")
     tl = Timeline()
-    with csv_p.open() as f:
+    with _tag(csv_p), csv_p.open(encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):
+            if None in row.values() or None in row:
+                raise ValueError(f"line {len(tl.spans) + 2} has the wrong number of fields")
             args = {}
             if row["microbatch"] != "":
                 args["microbatch"] = int(row["microbatch"])
@@ -27,13 +72,17 @@ def load_result(result_dir: Path) -> tuple[Timeline, dict]:
             tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"],
                                  float(row["start_s"]), float(row["dur_s"]), args))
     if trace_p.is_file():
-        trace = json.loads(trace_p.read_text())
-        for ev in trace.get("traceEvents", []):
-            if ev.get("ph") == "M" and ev.get("name") == "process_name":
-                tl.gpus.append(ev["pid"])
-                tl.labels[ev["pid"]] = ev["args"]["name"]
-            elif ev.get("ph") == "C":
-                tl.counters.append(CounterSample(ev["pid"], ev["name"], ev["ts"] / 1e6, ev["args"]["GB"] * 1e9))
+        with _tag(trace_p):
+            trace = json.loads(trace_p.read_text(encoding="utf-8"))
+            for ev in trace.get("traceEvents", []):
+                if ev.get("ph") == "M" and ev.get("name") == "process_name":
+                    tl.gpus.append(ev["pid"])
+                    tl.labels[ev["pid"]] = ev["args"]["name"]
+                elif ev.get("ph") == "C":
+                    name = str(ev["name"])
+                    if name.endswith("_GB"):  # the trace names counters in their unit; the timeline in bytes
+                        name = name[: -len("_GB")] + "_bytes"
+                    tl.counters.append(CounterSample(ev["pid"], name, ev["ts"] / 1e6, _counter_bytes(ev)))
     if not tl.gpus:
         tl.gpus = sorted({s.gpu for s in tl.spans})
     for g, label in tl.labels.items():
@@ -42,6 +91,14 @@ def load_result(result_dir: Path) -> tuple[Timeline, dict]:
                 tl.stage_of[g] = int(part[2:])
     tl.end_s = max((s.end_s for s in tl.spans), default=0.0)
     return tl, summary
+
+
+def _counter_bytes(ev: dict) -> float:
+    """A memory counter sample in bytes (traces before 0.1.1 stored GB under "GB")."""
+    args = ev["args"]
+    if "GB" in args:
+        return float(args["GB"]) * 1e9
+    return float(args["bytes"])
 
 
 def replot(result_dir: Path, out_dir: Path | None = None) -> list[Path]:

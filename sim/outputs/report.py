@@ -184,7 +184,7 @@ def _figure(png: Path) -> str:
     )
 
 
-def _perfetto(folder: Path) -> str:
+def _perfetto(folder: Path, shown: Path) -> str:
     trace = folder / "trace.json"
     if not trace.exists():
         return ""
@@ -197,21 +197,23 @@ def _perfetto(folder: Path) -> str:
         f'<li>open <a href="{PERFETTO_URL}" target="_blank" rel="noopener noreferrer">{PERFETTO_URL}</a> '
         "(it runs in your browser; the trace is not uploaded);</li>"
         "<li>click <b>Open trace file</b> in the left menu (or drag the file onto the page);</li>"
-        f"<li>choose <code>{_e(trace.resolve())}</code>.</li></ol>"
+        f"<li>choose <code>{_e((shown / 'trace.json').resolve())}</code>.</li></ol>"
         "<p>Each GPU is a process; its compute, communication and pipeline streams are threads; memory is a "
         "counter track. Keys: <code>W</code>/<code>S</code> zoom, <code>A</code>/<code>D</code> pan.</p>"
     )
 
 
-def report_html(folder: Path) -> str:
-    """The report page for ``folder`` as a string (``write_report`` writes it)."""
+def report_html(folder: Path, shown_as: Path | None = None) -> str:
+    """The report page for ``folder`` as a string (``write_report`` writes it). ``shown_as`` is the
+    folder's final path when ``folder`` is the staging copy of a result being written."""
     folder = Path(folder)
+    shown = Path(shown_as) if shown_as is not None else folder
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
-    title = (summary or {}).get("name") or folder.resolve().name
+    title = (summary or {}).get("name") or shown.resolve().name
     parts = [
         f"<h1>dtsim report: {_e(title)}</h1>",
-        f'<div class="sub">result folder <code>{_e(folder.resolve())}</code></div>',
+        f'<div class="sub">result folder <code>{_e(shown.resolve())}</code></div>',
     ]
     if summary is not None:
         parts += ["<h2>Summary</h2>", _kv_table(_summary_rows(summary))]
@@ -234,7 +236,7 @@ def report_html(folder: Path) -> str:
     if charts:
         parts.append("<h2>Charts</h2>")
         parts += [_figure(p) for p in charts]
-    parts.append(_perfetto(folder))
+    parts.append(_perfetto(folder, shown))
     for yaml_name, heading in (("resolved.yaml", "Resolved scenario"), ("best.yaml", "Best configuration")):
         y = folder / yaml_name
         if y.exists():
@@ -252,13 +254,14 @@ def report_html(folder: Path) -> str:
     )
 
 
-def write_report(result_dir: Path) -> Path:
-    """Write ``report.html`` into ``result_dir`` (atomically) and return its path."""
+def write_report(result_dir: Path, shown_as: Path | None = None) -> Path:
+    """Write ``report.html`` into ``result_dir`` (atomically) and return its path; ``shown_as`` is the
+    path the report names as its folder (the final one, when ``result_dir`` is a staging folder)."""
     folder = Path(result_dir)
     if not folder.is_dir():
         from sim.errors import ScenarioError
 
         raise ScenarioError(f"{folder} is not a result folder; run `dtsim run` first", "report")
     out = folder / "report.html"
-    atomic_write_text(out, report_html(folder))
+    atomic_write_text(out, report_html(folder, shown_as))
     return out

@@ -87,6 +87,7 @@ def chrome_trace(timeline: Timeline, meta: dict | None = None) -> str:
         events.append({"ph": "X", "pid": s.gpu, "tid": tids[key], "name": s.name, "cat": s.category,
                        "ts": s.start_s * 1e6, "dur": s.dur_s * 1e6, "args": s.args})
     for c in timeline.counters:
-        events.append({"ph": "C", "pid": c.gpu, "name": c.name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}})
+        name = c.name[: -len("_bytes")] + "_GB" if c.name.endswith("_bytes") else c.name  # named in its unit
+        events.append({"ph": "C", "pid": c.gpu, "name": name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}})
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}},
                       separators=(",", ":"), default=float)

@@ -199,9 +199,9 @@ def format_error(
         s for p, s in origins.items() if field == p or field.startswith(p + ".") or p.startswith(field + ".")
     ]
     if direct:
-        message += f" (from --set {direct[-1]})"
+        message += f" (from --set {_clip(direct[-1])})"
     elif origins:  # a cross-field rule: show every setting in effect
-        message += f" (with {', '.join('--set ' + s for s in origins.values())})"
+        message += f" (with {', '.join('--set ' + _clip(s) for s in origins.values())})"
     return field, message
 
 
@@ -221,3 +221,8 @@ def to_scenario_error(
 def one_line(message: str, field: str | None = None) -> ScenarioError:
     """A ScenarioError whose text is guaranteed to fit on one line."""
     return ScenarioError(" ".join(message.split()), " ".join(field.split()) if field else None)
+
+
+def _clip(setting: str, limit: int = 100) -> str:
+    """A --set as typed, shortened: a 50,000-value list must not become a 300 kB error line."""
+    return setting if len(setting) <= limit else setting[: limit - 1] + "…"

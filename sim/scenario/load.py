@@ -168,27 +168,62 @@ def parse_yaml(text: str, what: str, field: str) -> Any:
         raise one_line(f"{what} — nested too deeply; flatten the document", field) from None
 
 
+def read_capped(path: str | Path, limit: int, what: str, field: str, kind: str = "scenario") -> bytes:
+    """The bytes of a regular file, at most ``limit`` of them, or a one-line ScenarioError.
+
+    The file is opened without blocking (a FIFO cannot hang the reader), must be a regular file by
+    ``fstat`` of the open file (not /dev/zero, a device or a pipe), and is read with a hard cap, so a
+    file that grows or lies about its size cannot exhaust memory."""
+    import errno
+    import os
+    import stat
+
+    p = Path(path).expanduser()
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise one_line(f"{what} — a loop of symbolic links; point the link at a real file", field) from None
+        if exc.errno == errno.ENOENT:
+            broken = " (a broken symbolic link)" if p.is_symlink() else ""
+            raise one_line(
+                f"{what} — no such file{broken}; check the path (working directory: {Path.cwd()})", field
+            ) from None
+        if exc.errno == errno.ENOTDIR:
+            raise one_line(f"{what} — a part of the path is a file, not a folder; check the path", field) from None
+        if exc.errno == errno.EISDIR:
+            raise one_line(f"{what} — is a directory; give the {kind}'s file", field) from None
+        raise one_line(f"{what} — cannot be read ({exc.strerror}); check its permissions", field) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise one_line(f"{what} — is a directory; give the {kind}'s file", field)
+        if not stat.S_ISREG(mode):
+            kind_of = "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if (
+                stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "a socket or special file"
+            raise one_line(f"{what} — {kind_of}, not a regular file; give the {kind}'s file", field)
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise one_line(f"{what} — cannot be read ({exc.strerror}); check its permissions", field) from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise one_line(
+            f"{what} — over the {limit}-byte limit for a {kind}; is this the right file?", field
+        )
+    return b"".join(chunks)
+
+
 def read_scenario_file(path: str | Path) -> dict[str, Any]:
     """The mapping in a scenario file, or a one-line ScenarioError naming the file and what to do."""
-    p = Path(path).expanduser()
     what = show(str(path))
-    if not p.exists():
-        raise one_line(f"{what} — no such file; check the path (working directory: {Path.cwd()})", "scenario")
-    if p.is_dir():
-        raise one_line(f"{what} — is a directory; give the scenario's .yaml file", "scenario")
-    try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise one_line(
-                f"{what} — {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a scenario; "
-                "is this the right file?",
-                "scenario",
-            )
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise one_line(
-            f"{what} — cannot be read ({exc.strerror}); check its permissions", "scenario"
-        ) from None
+    raw = read_capped(path, MAX_FILE_BYTES, what, "scenario")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

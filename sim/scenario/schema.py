@@ -50,6 +50,23 @@ ALGORITHMS = ("ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 
 
+# Ranges that keep every simulated time and byte count finite and meaningful in float64.
+MAX_OP_MS = 1e9  # 11.6 days for one layer's micro-batch: far beyond any real kernel
+MAX_SLOWDOWN = 1e4  # a straggler 10,000× slower than its peers
+MAX_BYTES = 2**60  # 1 EiB in one message or activation
+MAX_PARAMS = 10**15  # parameters in one layer
+MAX_FLOPS = 1e24  # FLOPs of one layer for one sample
+MIN_LINK_Bps = 1e6  # 1 MB/s: below 10 Mb/s Ethernet no training network runs (a floor that keeps time finite)
+MAX_LINK_Bps = 1e15  # 1 PB/s per direction, ~1000× NVLink 5
+MAX_LATENCY_US = 1e6  # one second per message
+MIN_PEAK_TFLOPS = 1e-6  # 1 MFLOP/s
+MAX_PEAK_TFLOPS = 1e6
+MIN_MEMORY_GBps = 1e-3  # 1 MB/s of HBM bandwidth
+MAX_MEMORY_GBps = 1e6
+MAX_LAUNCH_US = 1e6
+MAX_NICS_PER_NODE = 64  # DGX H100: 8 compute + 2 storage NICs; every NIC is a channel each transfer is split over
+
+
 class RuleError(ValueError):
     """A broken rule: ``field`` (relative to the model that raised it), the value, the rule and a fix."""
 
@@ -200,12 +217,14 @@ class Cluster(_Strict):
         INTER_PRESETS["hdr"],
         description="inter-node link preset (edr, hdr, ndr, xdr) or inline mapping (per NIC)",
     )
-    nics_per_node: int = Field(ge=1, description="network interfaces per node; default: gpus_per_node")
+    nics_per_node: int = Field(
+        ge=1, le=MAX_NICS_PER_NODE, description="network interfaces per node (at most 64); default: gpus_per_node"
+    )
     topology: Topology = Field(
         Topology(),
         description="fat-tree | single-switch, or a mapping {kind, oversubscription, nodes_per_leaf}",
     )
-    stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1)]] = Field(
+    stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1, le=MAX_SLOWDOWN)]] = Field(
         default_factory=dict,
         description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
     )
@@ -267,6 +286,7 @@ class Cluster(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
+        _check_physical(self)
         for gpu_id in self.stragglers:
             if gpu_id >= self.total_gpus:
                 raise RuleError(
@@ -282,6 +302,39 @@ class Cluster(_Strict):
         return self.nodes * self.gpus_per_node
 
 
+def _check_physical(c: Cluster) -> None:
+    """Hardware figures in ranges that keep the simulated clock moving and every time finite."""
+    for name, link in (("intra_node", c.intra_node), ("inter_node", c.inter_node)):
+        bw = link.bandwidth_Bps
+        unit = "bandwidth_Gbps" if link.bandwidth_Gbps is not None else "bandwidth_GBps"
+        if not MIN_LINK_Bps <= bw <= MAX_LINK_Bps:
+            raise RuleError(
+                f"{name}.{unit}",
+                show(link.bandwidth_Gbps if link.bandwidth_Gbps is not None else link.bandwidth_GBps),
+                f"bandwidth × efficiency = {bw:.3g} B/s must lie between {MIN_LINK_Bps:.0e} B/s (1 MB/s) and "
+                f"{MAX_LINK_Bps:.0e} B/s",
+                "give a real link's rate, e.g. bandwidth_Gbps: 200 (HDR InfiniBand)",
+            )
+        if link.latency_us > MAX_LATENCY_US:
+            raise RuleError(f"{name}.latency_us", show(link.latency_us), f"must be ≤ {MAX_LATENCY_US:.0e} µs",
+                            "give a real latency, e.g. latency_us: 5")
+    g = c.gpu
+    for dtype, tflops in g.peak_tflops.items():
+        if not MIN_PEAK_TFLOPS <= tflops <= MAX_PEAK_TFLOPS:
+            raise RuleError(f"gpu.peak_tflops.{dtype}", show(tflops),
+                            f"must lie between {MIN_PEAK_TFLOPS:g} and {MAX_PEAK_TFLOPS:g} TFLOP/s",
+                            "give the datasheet figure, e.g. bf16: 312 (A100)")
+    if not MIN_MEMORY_GBps <= g.memory_bandwidth_GBps <= MAX_MEMORY_GBps:
+        raise RuleError("gpu.memory_bandwidth_GBps", show(g.memory_bandwidth_GBps),
+                        f"must lie between {MIN_MEMORY_GBps:g} and {MAX_MEMORY_GBps:g} GB/s",
+                        "give the datasheet figure, e.g. 2039 (A100 80GB)")
+    if g.memory_GB > 1e9:
+        raise RuleError("gpu.memory_GB", show(g.memory_GB), "must be ≤ 1e9 GB", "give e.g. memory_GB: 80")
+    if g.kernel_launch_us > MAX_LAUNCH_US:
+        raise RuleError("gpu.kernel_launch_us", show(g.kernel_launch_us), f"must be ≤ {MAX_LAUNCH_US:g} µs",
+                        "give e.g. kernel_launch_us: 4")
+
+
 # ------------------------------------------------------------------------------------------- model
 
 
@@ -290,17 +343,17 @@ class SyntheticModel(_Strict):
 
     kind: Literal["synthetic"] = Field(description="a synthetic model of identical layers")
     layers: int = Field(ge=1, description="number of layers")
-    forward_ms: float = Field(ge=0, description="forward time of one layer for one micro-batch, ms")
+    forward_ms: float = Field(ge=0, le=MAX_OP_MS, description="forward time of one layer for one micro-batch, ms")
     backward_ms: float = Field(
-        ge=0, description="backward time of one layer for one micro-batch, ms; default 2×forward_ms"
+        ge=0, le=MAX_OP_MS, description="backward time of one layer for one micro-batch, ms; default 2×forward_ms"
     )
     params_per_layer: int = Field(
-        0, ge=0, description="parameters per layer (gradient bytes for data parallelism)"
+        0, ge=0, le=MAX_PARAMS, description="parameters per layer (gradient bytes for data parallelism)"
     )
     activation_bytes: float = Field(
-        0.0, ge=0, description="bytes sent between pipeline stages per micro-batch"
+        0.0, ge=0, le=MAX_BYTES, description="bytes sent between pipeline stages per micro-batch"
     )
-    optimizer_ms: float = Field(0.0, ge=0, description="optimizer step time per GPU, ms")
+    optimizer_ms: float = Field(0.0, ge=0, le=MAX_OP_MS, description="optimizer step time per GPU, ms")
 
     @model_validator(mode="before")
     @classmethod
@@ -365,7 +418,7 @@ class CollectiveModel(_Strict):
     op: Literal[COLLECTIVE_OPS] = Field(  # type: ignore[valid-type]
         description="collective; send_recv = each rank sends to the next (i → i+1 mod ranks), as nccl-tests"
     )
-    size_bytes: list[Annotated[int, Field(gt=0)]] = Field(
+    size_bytes: list[Annotated[int, Field(gt=0, le=MAX_BYTES)]] = Field(
         min_length=1,
         description='total buffer size: bytes, "256MB", "1GiB", or a list of them (one run per size)',
     )
@@ -504,10 +557,10 @@ class LayerSpec(_Strict):
     """One layer of a layer-list model."""
 
     name: str = Field(description="layer name (shown in traces)")
-    params: int = Field(ge=0, description="parameters")
-    forward_flops: float = Field(ge=0, description="forward FLOPs per sample")
+    params: int = Field(ge=0, le=MAX_PARAMS, description="parameters")
+    forward_flops: float = Field(ge=0, le=MAX_FLOPS, description="forward FLOPs per sample")
     activation_bytes: float = Field(
-        ge=0, description="activation bytes kept for backward per sample, counted at 16-bit precision"
+        ge=0, le=MAX_BYTES, description="activation bytes kept for backward per sample, counted at 16-bit precision"
     )
     in_features: int | None = Field(
         None, ge=1, description="for a linear layer: input width (with out_features, GEMMs get real shapes)"
@@ -616,7 +669,7 @@ class Parallel(_Strict):
     zero: int = Field(
         0, ge=0, le=3, description="ZeRO stage: 0 = DDP, 1 optimizer, 2 +gradients, 3 +weights (FSDP)"
     )
-    bucket_MB: float = Field(25.0, gt=0, description="DDP gradient bucket size, MB")
+    bucket_MB: float = Field(25.0, ge=1e-3, le=1e9, description="DDP gradient bucket size, MB (1 kB to 1 PB)")
     overlap_grad_sync: bool = Field(
         description="overlap the gradient all-reduce with the backward pass; default: what "
         "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
@@ -745,9 +798,11 @@ class Training(_Strict):
         "a norm pass over the gradients and its all-reduce; null = no clipping",
     )
     tokens: float | None = Field(
-        None, gt=0, description="total training tokens (time-to-train); transformer only"
+        None, gt=0, le=1e18, description="total training tokens (time-to-train, at most 1e18); transformer only"
     )
-    train_steps: int | None = Field(None, gt=0, description="total optimizer steps (time-to-train)")
+    train_steps: int | None = Field(
+        None, gt=0, le=10**12, description="total optimizer steps (time-to-train, at most 1e12)"
+    )
 
     @field_validator(
         "loss_scaling",

@@ -1,0 +1,213 @@
+"""How much work a scenario asks of the simulator, estimated before it runs, and the budget it must fit.
+
+The estimate counts the events that dominate wall time and memory, from the scenario alone (nothing
+is built): compute blocks (micro-batches × stages × layers × ops per layer, on the GPUs actually
+simulated), the point-to-point transfers and sequential steps of every simulated collective (a ring
+all-reduce over g ranks is 2g(g−1) transfers in 2(g−1) steps), pipeline sends, steps and collective
+repetitions, each weighted by what it costs the engine. It is an order-of-magnitude figure
+(tests hold it within a factor of a few of the counts the shipped scenarios really produce), enough to
+refuse a run that would take hours or gigabytes *before* it starts, and to say so with the flag that
+raises the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sim.errors import ScenarioError
+
+# About 3e5 engine events per second on one core (benchmarks/engine_speed.py, resnet50-dp-1024xa100-hdr:
+# 4.2 M transfers in ~17 s): 3e7 events is a couple of minutes. Raise it with --max-events.
+DEFAULT_MAX_EVENTS = 30_000_000
+EVENTS_PER_S = 3e5
+# Measured costs in events (1/EVENTS_PER_S s each) on this engine: a transfer ~1.5 (4.9 µs, 256-GPU ring),
+# a collective step (a rate recompute and wake-up for all its transfers) ~40 (~125 µs, 8-GPU rings).
+EVENTS_PER_TRANSFER = 1.5
+EVENTS_PER_STEP = 40.0
+# Memory: ~400 B per timeline span while simulating (gpt3-175b: 150k spans, +60 MB) and as much again to
+# write trace.json and timeline.csv; the interpreter with numpy, SimPy and pydantic is ~55 MB.
+BYTES_PER_SPAN = 1000
+BASE_MEMORY_BYTES = 55e6
+OPS_PER_LAYER = 12  # compute blocks per layer per micro-batch, forward + backward (transformer: ~10)
+SYMMETRY_AUTO_MIN_GPUS = 16  # mirrors sim.api (one GPU per stage is simulated from 16 GPUs up)
+PROGRESS_EVENTS = 2_000_000  # say what is coming on stderr above this
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    events: float
+    detail: str
+    spans: float = 0.0  # timeline records kept in memory and written out
+
+    @property
+    def seconds(self) -> float:
+        return self.events / EVENTS_PER_S
+
+    @property
+    def memory_bytes(self) -> float:
+        return BASE_MEMORY_BYTES + self.spans * BYTES_PER_SPAN
+
+
+def _collective_steps(op: str, algorithm: str, g: int) -> tuple[float, float]:
+    """(point-to-point transfers, sequential steps) of one collective over g ranks."""
+    if g <= 1:
+        return 0.0, 0.0
+    if algorithm in ("tree", "binomial"):
+        log = max(1.0, math.log2(g))
+        return 2.0 * g * log, 2.0 * log
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return float(g * (g - 1)), float(g - 1)
+    return 2.0 * g * (g - 1), 2.0 * (g - 1)  # ring all-reduce (and the upper end of the rest)
+
+
+def _collective_cost(op: str, algorithm: str, g: int) -> float:
+    transfers, steps = _collective_steps(op, algorithm, g)
+    return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * steps
+
+
+def _symmetric(sc) -> bool:
+    mode = sc.simulation.symmetry
+    if mode in ("on", "off"):
+        return mode == "on"
+    return not sc.cluster.stragglers and sc.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
+
+
+def _params(model) -> float:
+    kind = model.kind
+    if kind == "transformer":
+        from sim.workload.transformer import model_params
+
+        return float(model_params(model.to_dims()))
+    if kind == "layers":
+        return float(sum(layer.params for layer in model.layers))
+    return float(getattr(model, "params_per_layer", 0) * getattr(model, "layers", 0))
+
+
+def _layers(model) -> int:
+    layers = getattr(model, "layers", 1)
+    return len(layers) if isinstance(layers, list) else int(layers) + (2 if model.kind == "transformer" else 0)
+
+
+def estimate_work(sc) -> WorkEstimate:
+    """Events the simulation of ``sc`` will process (order of magnitude) and where they come from."""
+    steps = sc.simulation.steps
+    if sc.is_collective:
+        m = sc.model
+        per = _collective_cost(m.op, m.algorithm, m.ranks)
+        runs = steps * m.iterations * len(m.size_bytes)
+        return WorkEstimate(runs * per, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
+                                        f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs",
+                            spans=runs * m.ranks)
+    par, tr = sc.parallel, sc.training
+    p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
+    mb = max(1, sc.microbatches)
+    layers = _layers(sc.model)
+    sim_gpus = p if _symmetric(sc) else sc.total_gpus
+    per_gpu_layers = max(1.0, layers / p)
+    compute = sim_gpus * mb * per_gpu_layers * OPS_PER_LAYER
+    symmetric = _symmetric(sc)
+    tp_occurrences = sim_gpus * mb * per_gpu_layers * 4 if t > 1 else 0.0
+    # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
+    tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t)
+    pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
+    grad_bytes = _params(sc.model) / max(1, p * t) * (4 if tr.precision in ("fp32", "tf32") else 2)
+    buckets = max(1, math.ceil(grad_bytes / (par.bucket_MB * 1e6))) if d > 1 else 0
+    # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
+    # buckets of one size are then simulated about once per stage (full buckets and the remainder).
+    simulated_buckets = min(buckets, 4) if symmetric else buckets
+    dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d) + buckets)
+    dp *= 2 if par.zero >= 3 else 1
+    per_step = compute + tp + pp + dp
+    events = steps * per_step
+    spans = steps * (compute + tp_occurrences + 2.0 * mb * v * (p - 1) * (sim_gpus / p) + sim_gpus * buckets)
+    return WorkEstimate(
+        events,
+        f"{steps} step(s) × ({sim_gpus} simulated GPUs × {mb} micro-batches × {per_gpu_layers:.0f} layers × "
+        f"{OPS_PER_LAYER} ops + {tp + pp + dp:.3g} for communication)",
+        spans=spans,
+    )
+
+
+def check_budget(
+    sc, max_events: float | None = None, flag: str = "--max-events", announce: bool = True
+) -> WorkEstimate:
+    """Refuse (one line, exit 2) a scenario whose estimate exceeds the budget; announce long runs."""
+    import sys
+
+    limit = DEFAULT_MAX_EVENTS if max_events is None else max_events
+    est = estimate_work(sc)
+    if est.events > limit:
+        raise ScenarioError(
+            f"this scenario needs about {est.events:.3g} simulation events ({est.detail}), about "
+            f"{_duration(est.seconds)} and {est.memory_bytes / 1e9:.3g} GB, over the budget of {limit:.3g}; "
+            f"make it smaller (fewer steps, micro-batches, GPUs or sizes) or raise the budget with "
+            f"{flag} {_round_up(est.events)}",
+            "budget",
+        )
+    if announce and est.events > PROGRESS_EVENTS:
+        print(f"dtsim: about {est.events:.3g} events to simulate (~{_duration(est.seconds)}, "
+              f"~{est.memory_bytes / 1e9:.2g} GB)…", file=sys.stderr, flush=True)
+    return est
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.3g} days"
+
+
+def _round_up(x: float) -> str:
+    e = 10 ** max(0, math.floor(math.log10(max(x, 1))))
+    return f"{math.ceil(x / e) * e:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def positive_events(text: str) -> float:
+    """argparse type for --max-events: a positive count (1e9 or 1000000000)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of events like 1e8, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number of events, got {text!r}")
+    return value
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+@contextmanager
+def progress_on_stderr(world, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
+    """While a long simulation runs, say every ``every_s`` seconds on stderr how far it has got (wall time,
+    transfers, the simulated clock), from a daemon thread that only reads counters."""
+    import sys
+    import threading
+    import time
+
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def report() -> None:
+        while not stop.wait(every_s):
+            print(f"dtsim: simulating… {time.perf_counter() - t0:.0f} s, {world.network.transfers:,} transfers, "
+                  f"{world.compute_events:,} compute ops, simulated clock {world.env.now:.4g} s",
+                  file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=report, name="dtsim-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1.0)

@@ -1,0 +1,350 @@
+"""Transactional result folders: a result appears whole or not at all, and nothing of the user's is lost.
+
+Every command that writes a result folder (``run``, ``compare``, ``sweep``, ``plan``, ``plot``) goes
+through :class:`ResultDir`:
+
+1. ``ResultDir(out, command)`` checks the path *before any work* (not a file, not a device, not under a
+   file, its parent writable, and an existing folder is a dtsim result or empty) and takes an exclusive
+   lock (``.NAME.lock`` beside the folder), so a second run into the same folder fails at once with one
+   line instead of mixing files with the first (the lock file is removed when the run ends).
+2. The command writes into ``staging``, a fresh hidden folder beside ``out`` (``.NAME.tmp-XXXX``).
+3. ``commit()`` swaps it in by rename: the previous result becomes ``NAME.prev`` (the one before that is
+   deleted), files the user put into the folder themselves (anything dtsim did not write) are moved
+   into the new folder unchanged, and a manifest (``.dtsim-result.json``) records which files dtsim
+   wrote. Signals are held off during the swap.
+4. On an error, Ctrl-C or SIGTERM the staging folder is removed, ``out`` is left as it was, and one line
+   on stderr says so.
+
+A reader therefore sees the old result or the new one, never a mix; a crash (SIGKILL, power loss)
+leaves at worst a hidden ``.NAME.tmp-*`` folder, removed by the next run into the same folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from sim.errors import ScenarioError
+
+MANIFEST = ".dtsim-result.json"
+PREV_SUFFIX = ".prev"
+# What dtsim wrote into result folders before manifests existed (treated as dtsim's own files there).
+_LEGACY_OUTPUT = re.compile(
+    r"^(summary\.json|timeline\.csv|trace\.json|resolved\.yaml|report\.html|best\.yaml"
+    r"|(compare|sweep|plan)\.(csv|txt)|[A-Za-z0-9_]+\.(png|svg)|\..+\.tmp)$"
+)
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _err(msg: str, field: str = "--out") -> ScenarioError:
+    return ScenarioError(msg, field)
+
+
+def _writable_dir(path: Path, field: str) -> None:
+    """Probe by creating (and removing) a file: permissions alone miss /proc, read-only mounts, full disks."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".dtsim-probe-")
+    except OSError as exc:
+        raise _err(f"{str(path)!r} is not writable ({exc.strerror}); choose a folder you can write to",
+                   field) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def existing_ancestor(path: Path, field: str = "--out") -> Path:
+    """The nearest existing ancestor of ``path`` (which must be a writable folder, not a file)."""
+    parent = path.parent
+    while not parent.exists():
+        if parent.is_symlink():  # dangling link
+            raise _err(f"{str(parent)!r} is a broken symbolic link; fix it or choose another path", field)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise _err(f"{str(path)!r} lies under {str(parent)!r}, which is a file, not a folder; "
+                   "choose a path under a folder", field)
+    _writable_dir(parent, field)
+    return parent
+
+
+def check_output_file(path: str | os.PathLike, field: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """Check a single output file path before any work: a regular file or new, under a writable folder."""
+    p = Path(path).expanduser()
+    if suffixes and p.suffix not in suffixes:
+        raise _err(f"{str(p)!r} must end in {' or '.join(suffixes)}", field)
+    if p.exists() or p.is_symlink():
+        try:
+            st = p.stat()
+        except OSError as exc:
+            raise _err(f"{str(p)!r} cannot be used ({exc.strerror}); choose another path", field) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise _err(f"{str(p)!r} is a folder; give a file name inside it", field)
+        if not stat.S_ISREG(st.st_mode):
+            raise _err(f"{str(p)!r} is not a regular file (a device or pipe); give a file path", field)
+    existing_ancestor(p, field)
+    return p
+
+
+def _is_dtsim_name(name: str, listed: set[str] | None) -> bool:
+    if name == MANIFEST:
+        return True
+    if listed is not None:
+        return name in listed or name.startswith(".") and name.endswith(".tmp")
+    return bool(_LEGACY_OUTPUT.match(name))
+
+
+def _manifest_files(folder: Path) -> set[str] | None:
+    """The files dtsim wrote into ``folder`` (its manifest), or None when there is no readable manifest."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = data["files"]
+        if not isinstance(files, dict):
+            return None
+        return {str(k) for k in files}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_result_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a dtsim result (a manifest, or files named as dtsim names its outputs)."""
+    if _manifest_files(folder) is not None:
+        return True
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(_LEGACY_OUTPUT.match(n) and not n.startswith(".") for n in names)
+
+
+def user_files(folder: Path) -> list[str]:
+    """Entries of an existing result folder that dtsim did not write (the user's own)."""
+    listed = _manifest_files(folder)
+    return sorted(n for n in os.listdir(folder) if not _is_dtsim_name(n, listed))
+
+
+class ResultDir:
+    """One transactional write of a result folder; see the module docstring."""
+
+    def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", carry: bool = False):
+        self.out = Path(out).expanduser()
+        self.command = command
+        self.field = field
+        self.carry = carry  # start staging from the current result's files (``plot`` redraws in place)
+        self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
+        self.staging: Path | None = None
+        self._lock_fd: int | None = None
+        self._lock_path = self.out.parent / f".{self.out.name}.lock"
+        self._old_handlers: dict[int, object] = {}
+        self._check()
+        self._lock()
+
+    # ---- checks (before any work) ------------------------------------------------------------------
+    def _check(self) -> None:
+        out, field = self.out, self.field
+        if str(out) in ("", ".", "..", os.sep) or out.name in ("", ".", ".."):
+            raise _err(f"{str(out)!r} is not a folder name dtsim can replace; give e.g. results/NAME", field)
+        if out.is_symlink():
+            raise _err(f"{str(out)!r} is a symbolic link; give the real folder path", field)
+        if out.exists():
+            if not out.is_dir():
+                kind = "a file" if out.is_file() else "not a folder (a device or pipe)"
+                raise _err(f"{str(out)!r} is {kind}; give a folder path for the results", field)
+            _writable_dir(out, field)
+            try:
+                entries = os.listdir(out)
+            except OSError as exc:
+                raise _err(f"{str(out)!r} cannot be listed ({exc.strerror}); choose another folder", field) from None
+            if entries and not is_result_folder(out):
+                raise _err(
+                    f"{str(out)!r} already holds files that are not a dtsim result; "
+                    "give a new or empty folder (dtsim replaces the folder it writes)",
+                    field,
+                )
+        existing_ancestor(out, field)
+        if self.prev.exists() or self.prev.is_symlink():
+            if self.prev.is_symlink() or not self.prev.is_dir() or (
+                os.listdir(self.prev) and not is_result_folder(self.prev)
+            ):
+                raise _err(
+                    f"{str(self.prev)!r} exists and is not a previous dtsim result (dtsim keeps the previous "
+                    "result there); move it away",
+                    field,
+                )
+            extra = user_files(self.prev)
+            if extra:
+                raise _err(
+                    f"{str(self.prev)!r} (the previous result, replaced by this run) holds files dtsim did not "
+                    f"write ({', '.join(extra[:3])}); move them away first",
+                    field,
+                )
+
+    def _lock(self) -> None:
+        import fcntl
+
+        parent = self.out.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        lock = parent / f".{self.out.name}.lock"
+        for _ in range(10):  # the holder removes the file on release: lock the file that is there now
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as exc:
+                raise _err(f"cannot create the lock file {str(lock)!r} ({exc.strerror}); choose another folder",
+                           self.field) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    break  # a file system without locks (some network mounts): write unlocked
+                os.close(fd)
+                raise _err(
+                    f"another dtsim is writing {str(self.out)!r} right now (lock {lock.name} held); "
+                    "wait for it to finish or choose another --out",
+                    self.field,
+                ) from None
+            try:
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except OSError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise _err(f"could not lock {str(lock)!r}; try again", self.field)
+        self._lock_fd, self._lock_path = fd, lock
+        # Leftovers of a run killed outright (SIGKILL): ours to remove now that we hold the lock.
+        for stale in parent.glob(f".{glob_escape(self.out.name)}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    # ---- the transaction ---------------------------------------------------------------------------
+    def __enter__(self) -> Path:
+        self._install_signals()
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+            os.chmod(self.staging, 0o777 & ~_umask())
+            if self.carry and self.out.is_dir():
+                listed = _manifest_files(self.out)
+                for name in os.listdir(self.out):
+                    src = self.out / name
+                    if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
+                        _link_or_copy(src, self.staging / name)
+        except BaseException:  # no __exit__ will run: undo what was set up
+            self._abort(interrupted=False)
+            self._restore_signals()
+            self._unlock()
+            raise
+        return self.staging
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.commit()
+            else:
+                self._abort(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+        finally:
+            self._restore_signals()
+            self._unlock()
+
+    def commit(self) -> None:
+        """Swap the finished staging folder in (signals held off so the swap is never half done)."""
+        staging = self.staging
+        assert staging is not None
+        self._write_manifest(staging)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)
+        try:
+            _fsync_dir(staging)
+            if self.out.exists():
+                for name in user_files(self.out):
+                    if not (staging / name).exists():
+                        os.rename(self.out / name, staging / name)
+                if not os.listdir(self.out):  # nothing of a previous result to keep
+                    os.rmdir(self.out)
+                else:
+                    if self.prev.exists():
+                        shutil.rmtree(self.prev)
+                    os.rename(self.out, self.prev)
+            os.rename(staging, self.out)
+            _fsync_dir(self.out.parent)
+            self.staging = None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _write_manifest(self, staging: Path) -> None:
+        from sim import __version__
+
+        files = {}
+        for p in sorted(staging.rglob("*")):
+            if p.is_file() and p.name != MANIFEST:
+                files[str(p.relative_to(staging))] = p.stat().st_size
+        text = json.dumps({"dtsim": __version__, "command": self.command, "files": files},
+                          indent=1, sort_keys=True) + "\n"
+        (staging / MANIFEST).write_text(text, encoding="utf-8")
+
+    def _abort(self, interrupted: bool) -> None:
+        staging, self.staging = self.staging, None
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+            if interrupted:
+                where = f"{str(self.out)!r} is unchanged" if self.out.exists() else f"{str(self.out)!r} was not created"
+                print(f"dtsim: interrupted; removed the unfinished result ({staging.name}); {where}",
+                      file=sys.stderr)
+
+    # ---- signals and lock --------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        def to_interrupt(signum, frame):  # SIGTERM unwinds like Ctrl-C, so cleanup runs
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+        try:
+            self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, to_interrupt)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                os.unlink(self._lock_path)  # while still holding it: a waiting opener re-checks the inode
+            except OSError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,156 @@
+"""Result folders are replaced whole: no mix of two runs, nothing of the user's lost, no hang on a lock,
+and --out checked before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sim.api
+from sim.cli import main
+from sim.outputs.resultdir import MANIFEST, ResultDir
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = str(ROOT / "scenarios" / "seed-pipeline.yaml")
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+
+
+def _consistent(folder: Path) -> dict:
+    """The folder is one complete result: its manifest lists exactly its dtsim files, at their sizes,
+    and summary.json and resolved.yaml come from the same run. Returns the summary."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert set(manifest["files"]) == _files(folder), (manifest["files"], _files(folder))
+    for name, size in manifest["files"].items():
+        assert (folder / name).stat().st_size == size, name
+    summary = json.loads((folder / "summary.json").read_text())
+    assert f"global_batch: {summary['global_batch']}" in (folder / "resolved.yaml").read_text()
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    return summary
+
+
+def test_rerun_without_charts_drops_old_charts_and_keeps_prev(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out)]) == 0
+    assert (out / "pipeline.png").exists()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 0
+    capsys.readouterr()
+    assert not list(out.glob("*.png")) and "data:image/png" not in (out / "report.html").read_text()
+    assert _consistent(out)["global_batch"] == 16
+    prev = tmp_path / "r.prev"
+    assert (prev / "pipeline.png").exists() and _consistent(prev)["global_batch"] == 8
+    assert not list(tmp_path.glob(".r.tmp-*"))
+
+
+def test_user_files_survive_and_foreign_folders_are_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and "notes.txt" not in json.loads(
+        (out / MANIFEST).read_text())["files"]
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(home), "--no-charts"]) == 2
+    assert "not a dtsim result" in _one_line(capsys.readouterr().err)
+    assert os.listdir(home) == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("bad", ["file", "/dev/null", "under-file", "/proc/dtsim-x"])
+def test_bad_out_refused_before_any_simulation(bad, tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "file").write_text("x")
+    out = {"file": tmp_path / "file", "under-file": tmp_path / "file" / "sub"}.get(bad, Path(bad))
+
+    def no_simulation(*a, **k):
+        raise AssertionError("simulated before checking --out")
+
+    monkeypatch.setattr(sim.api, "simulate", no_simulation)
+    for argv in (["run", SEED], ["compare", SEED, SEED], ["sweep", SEED, "--grid", "parallel.pipeline=2,4"],
+                 ["plan", str(ROOT / "scenarios" / "gpt3-1.3b-16xa100.yaml")]):
+        assert main([*argv, "--out", str(out)]) == 2, argv
+        assert "--out" in _one_line(capsys.readouterr().err)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_second_writer_fails_fast_with_one_line(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    holder = ResultDir(out, "test")
+    with holder:
+        t0 = time.perf_counter()
+        assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 2
+        assert time.perf_counter() - t0 < 5
+        assert "another dtsim is writing" in _one_line(capsys.readouterr().err)
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0  # the lock went with the first
+
+
+def test_interrupt_while_writing_leaves_the_old_result(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    before = {n: (out / n).read_bytes() for n in _files(out)}
+    import sim.outputs.report as report
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_report", interrupted)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--set", "training.global_batch=16"]) == 130
+    err = capsys.readouterr().err
+    assert "removed the unfinished result" in err and "unchanged" in err
+    assert {n: (out / n).read_bytes() for n in _files(out)} == before
+    assert not list(tmp_path.glob(".r.tmp-*")) and not (tmp_path / "r.prev").exists()
+
+
+def test_compare_folder_is_not_named_compare_compare(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    a = ROOT / "scenarios" / "compare-llama3-8b-8xh100-ndr.yaml"
+    b = ROOT / "scenarios" / "compare-llama3-8b-16xa100-hdr.yaml"
+    assert main(["compare", str(a), str(b), "--no-charts", "--no-progress", "--workers", "1",
+                 "--set", "training.global_batch=16"]) == 0
+    (folder,) = (tmp_path / "results").iterdir()
+    assert folder.name.startswith("compare-llama3") and "compare-compare" not in folder.name
+
+
+def test_kill_at_random_points_never_leaves_a_mixed_folder(tmp_path) -> None:
+    """SIGINT/SIGTERM at random moments of `dtsim run` over an earlier result: the folder is always the
+    old result or the new one, complete, and no temporary files are left behind."""
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "sim", "run", SEED, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    t0 = time.perf_counter()
+    subprocess.run([*cmd, "--set", "training.global_batch=16"], check=True, capture_output=True, env=env, cwd=ROOT)
+    full_s = time.perf_counter() - t0
+    rng = random.Random(13)
+    seen = set()
+    for trial in range(4):
+        sig = (signal.SIGINT, signal.SIGTERM)[trial % 2]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        time.sleep(rng.uniform(0.4, max(0.5, full_s * 1.1)))
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode in (0, 130, -sig), (p.returncode, err)
+        assert "Traceback" not in err, err
+        summary = _consistent(out)
+        seen.add(summary["global_batch"])
+        assert summary["global_batch"] in (16, 8)  # the old result or the new one (the scenario's own)
+        assert not list(tmp_path.glob(".r.tmp-*")), list(tmp_path.iterdir())
+        if (tmp_path / "r.prev").exists():
+            _consistent(tmp_path / "r.prev")

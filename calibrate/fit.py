@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from sim.cost.profile import GEMM_NEIGHBOURS, BandwidthCurve, ShapeTable, _idw  # noqa: F401 (re-exported)
 from sim.units import DTYPE_BYTES
-
-GEMM_NEIGHBOURS = 4  # inverse-distance weighting over this many nearest measured shapes (log space)
 
 
 def rms_max(errors: Iterable[float]) -> tuple[float | None, float | None]:
@@ -148,68 +147,6 @@ def fit_collectives(measurements: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------------------------- GEMM
 
 
-def _idw(coords: np.ndarray, values: np.ndarray, q: np.ndarray, exclude: int | None) -> float:
-    """Inverse-distance weighting (power 2) over the nearest points; exact matches are averaged."""
-    d = np.linalg.norm(coords - q, axis=1)
-    if exclude is not None:
-        d[exclude] = np.inf
-    exact = d < 1e-9
-    if exact.any():
-        return float(np.mean(values[exact]))
-    order = np.argsort(d)[:GEMM_NEIGHBOURS]
-    order = order[np.isfinite(d[order])]
-    w = 1.0 / d[order] ** 2
-    return float(np.sum(w * values[order]) / np.sum(w))
-
-
-class ShapeTable:
-    """Achieved FLOP/s of one dtype's GEMMs, interpolated from the measured shapes.
-
-    With a shape: inverse-distance weighting of log throughput over the nearest measured shapes in
-    log2(m, n, k). Without one (a coarse op that only knows FLOPs and bytes): the same over
-    (log2 FLOPs, 2·log2 arithmetic intensity), where intensity = FLOPs / bytes of A, B and C; this tells a
-    skinny small-batch GEMM from a square one of equal FLOPs, which a cube-shaped stand-in cannot.
-    Outside the measured range the same rule extrapolates and the lookup says so. No GEMM is predicted
-    faster than the fastest one measured (launch / latency floor).
-    """
-
-    INTENSITY_WEIGHT = 2.0  # throughput depends more on intensity than on size; fitted on CPU and GPU sweeps
-
-    def __init__(self, points: list[list[float]], min_time_s: float, elem_bytes: float = 2.0):
-        arr = np.asarray(points, dtype=float)
-        m, n, k = arr[:, 0], arr[:, 1], arr[:, 2]
-        self.coords = np.log2(arr[:, :3])
-        self.log_tput = np.log(arr[:, 3])
-        self.lo = self.coords.min(axis=0)
-        self.hi = self.coords.max(axis=0)
-        flops = 2.0 * m * n * k
-        intensity = flops / (elem_bytes * (m * k + k * n + m * n))
-        self.fi_coords = np.column_stack([np.log2(flops), self.INTENSITY_WEIGHT * np.log2(intensity)])
-        self.fi_lo = self.fi_coords.min(axis=0)
-        self.fi_hi = self.fi_coords.max(axis=0)
-        self.min_time_s = float(min_time_s)
-
-    def flops_per_s(self, m: float, n: float, k: float, exclude: int | None = None) -> tuple[float, bool]:
-        """(achieved FLOP/s, extrapolated?) for one (m, n, k) GEMM."""
-        q = np.log2(np.maximum([m, n, k], 1.0))
-        extrapolated = bool(np.any(q < self.lo - 1e-9) or np.any(q > self.hi + 1e-9))
-        return float(np.exp(_idw(self.coords, self.log_tput, q, exclude))), extrapolated
-
-    def flops_per_s_by_intensity(
-        self, flops: float, nbytes: float, exclude: int | None = None
-    ) -> tuple[float, bool]:
-        """(achieved FLOP/s, extrapolated?) for a GEMM known only by its FLOPs and bytes moved."""
-        q = np.array(
-            [math.log2(max(flops, 1.0)), self.INTENSITY_WEIGHT * math.log2(max(flops / nbytes, 1e-9))]
-        )
-        extrapolated = bool(np.any(q < self.fi_lo - 1e-9) or np.any(q > self.fi_hi + 1e-9))
-        return float(np.exp(_idw(self.fi_coords, self.log_tput, q, exclude))), extrapolated
-
-    def time_s(self, m: float, n: float, k: float) -> tuple[float, bool]:
-        tput, extrapolated = self.flops_per_s(m, n, k)
-        return max(2.0 * m * n * k / tput, self.min_time_s), extrapolated
-
-
 def gemm_tables(measurements: list[dict]) -> dict[str, dict]:
     """Per dtype: measured (m, n, k, FLOP/s) points, ranges, best throughput, leave-one-out errors."""
     by_dtype: dict[str, list[dict]] = {}
@@ -250,32 +187,6 @@ def _gemm_loo(points: list[list[float]], min_time_s: float, elem_bytes: float) -
 
 
 # --------------------------------------------------------------------------------------------- memory
-
-
-class BandwidthCurve:
-    """Achieved bytes/s over bytes moved: per kernel, log-log linear interpolation; the median of kernels.
-
-    Below the smallest measured size the time floor is the smallest measured time (latency bound);
-    above the largest the bandwidth of the largest size holds. Both count as extrapolation.
-    """
-
-    def __init__(self, kernels: dict[str, dict]):
-        self.curves = {
-            name: (np.log(np.asarray(c["bytes_moved"], float)), np.log(np.asarray(c["bytes_per_s"], float)))
-            for name, c in kernels.items()
-        }
-        self.lo = min(float(np.exp(x[0])) for x, _ in self.curves.values())
-        self.hi = max(float(np.exp(x[-1])) for x, _ in self.curves.values())
-        self.min_time_s = min(float(np.min(np.exp(x - y))) for x, y in self.curves.values())
-
-    def bytes_per_s(self, nbytes: float) -> tuple[float, bool]:
-        lx = math.log(max(nbytes, 1.0))
-        bws = [float(np.exp(np.interp(lx, x, y))) for x, y in self.curves.values()]
-        return float(np.median(bws)), not (self.lo * (1 - 1e-9) <= nbytes <= self.hi * (1 + 1e-9))
-
-    def time_s(self, nbytes: float) -> tuple[float, bool]:
-        bw, extrapolated = self.bytes_per_s(nbytes)
-        return max(nbytes / bw, self.min_time_s), extrapolated
 
 
 def membw_table(measurements: list[dict]) -> dict:

@@ -18,16 +18,15 @@ Dtypes (or sections) the profile lacks go to ``fallback`` and ``report()`` lists
 the measured range are extrapolated, counted (distinct ops) and named in ``report()`` (no Python warning:
 the CLI prints one note line).
 
-Only numpy and JSON are used here: ``calibrate.fit`` and ``calibrate.profile`` never import torch.
+Only numpy and JSON are used here; the profile format and its reader are ``sim.cost.profile``.
 """
 
 from __future__ import annotations
 
 import os
 
-from calibrate.fit import BandwidthCurve, ShapeTable
-from calibrate.profile import device_name, load_profile
 from sim.cost.base import CostModel
+from sim.cost.profile import BandwidthCurve, ShapeTable, device_name, load_profile
 from sim.units import DTYPE_BYTES
 from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
 

@@ -1,0 +1,200 @@
+"""Which algorithm and protocol a collective runs with: the user's choice, or NCCL's tuner.
+
+NCCL's tuner (``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime`` in src/graph/tuning.cc) predicts, for
+every (algorithm, protocol) it may use, ``base latency + hops × hop latency + bytes / bus bandwidth``
+and runs the fastest. ``choose`` does the same with dtsim's own closed forms (``sim.analytic``) over
+the group's links, so ``auto`` follows the message size and the group's shape: LL for tiny messages,
+tree where many hops make the ring's 2(p − 1) latencies dominate, NVLS inside an NVSwitch node when
+in-network reduction is on, ring for large buffers. The choice depends only on the group's shape and
+the size, so symmetric and full simulations choose alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim import analytic as an
+from sim.engine.collectives import btree_parent, chunks_for
+from sim.hardware.nccl import PROTOCOLS, base_latency_s
+
+# parallel.dp_algorithm → engine algorithm of the all-reduce.
+DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
+PIPELINE_PROTOCOLS = {"ring": PROTOCOLS, "tree": PROTOCOLS}  # others run Simple only (as NCCL's NVLS/CollNet)
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """The scenario's collective settings (parallel.dp_algorithm …, cluster.in_network_reduction)."""
+
+    dp_algorithm: str = "auto"
+    parameter_servers: int = 1
+    placement: str = "colocated"
+    in_network_reduction: bool = False
+    aggregate_Bps: float | None = None  # a server's summation (memory) bandwidth
+    server_gpus: tuple[int, ...] = field(default_factory=tuple)  # dedicated servers' endpoint ids
+
+
+@dataclass(frozen=True)
+class Choice:
+    algorithm: str
+    protocol: str
+    launch_s: float
+    predicted_s: float
+
+    @property
+    def label(self) -> str:
+        return self.algorithm if self.protocol == "Simple" else f"{self.algorithm}/{self.protocol}"
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What the cost of a collective depends on: ranks per node, the group's NICs per node, links."""
+
+    p: int
+    nodes: int
+    per_node: int
+    nics: int  # the group's NICs on one node
+    ranks_by_node: tuple[tuple[int, ...], ...]
+
+
+def group_shape(topology, gpus: list[int]) -> GroupShape:
+    by: dict[int, list[int]] = {}
+    for i, g in enumerate(gpus):
+        by.setdefault(topology.node_of(g), []).append(i)
+    nics = topology.group_nics(gpus)
+    return GroupShape(len(gpus), len(by), max(len(v) for v in by.values()),
+                      min(len(v) for v in nics.values()), tuple(tuple(v) for v in by.values()))
+
+
+def candidates(op: str, kind: str, shape: GroupShape, cfg: CommConfig, topology) -> list[str]:
+    """Algorithms this collective may run with under ``cfg`` (``kind``: "dp", "tp", "mp" or "bench")."""
+    if op != "all_reduce":
+        return ["chain"] if op in ("broadcast", "reduce") else ["ring"]
+    even = len({len(r) for r in shape.ranks_by_node}) == 1
+    nvls = (cfg.in_network_reduction and shape.nodes == 1 and shape.p > 2
+            and topology.intra_link.nvls_efficiency is not None)
+    sharp = (cfg.in_network_reduction and shape.nodes > 1 and even and topology.inter_link.sharp)
+    if kind == "dp" and cfg.dp_algorithm != "auto":
+        alg = cfg.dp_algorithm
+        if alg == "parameter_server":
+            return ["ps"]
+        if alg == "hierarchical":
+            if not even or shape.nodes == 1:
+                return ["ring"]
+            return ["hierarchical_sharp" if sharp else "hierarchical"]
+        return [alg]
+    out = ["ring", "tree"]
+    if nvls:
+        out.append("nvls")
+    if sharp and shape.per_node > 1:
+        out.append("hierarchical_sharp")
+    return out
+
+
+def _links(topology, protocol: str, nics: int) -> tuple[float, float, float, float]:
+    """(α_intra, B_intra, α_inter, B_inter of the group's NICs on a node) with ``protocol``."""
+    intra, inter = topology.intra_link, topology.inter_link
+    a_i = topology.intra_latency_s * intra.protocol_latency_scale(protocol)
+    a_e = topology.inter_latency_s * inter.protocol_latency_scale(protocol)
+    from sim.hardware.nccl import PROTOCOL_BW_FRACTION
+
+    f = PROTOCOL_BW_FRACTION[protocol]
+    return a_i, topology.intra_bw_Bps * f, a_e, topology.inter_bw_Bps * f * nics
+
+
+def predict_s(op: str, algorithm: str, protocol: str, size_bytes: float, shape: GroupShape, topology,
+              cfg: CommConfig) -> float:
+    """Closed-form time of the collective on idle links (the tuner's model), launch included."""
+    p, n = shape.p, size_bytes
+    a_i, b_i, a_e, b_e = _links(topology, protocol, shape.nics)
+    multi = shape.nodes > 1
+    launch = base_latency_s(algorithm, protocol)
+    if op in ("reduce_scatter", "all_gather", "all_reduce") and algorithm == "ring":
+        steps = (2 if op == "all_reduce" else 1) * (p - 1)
+        c = n / p
+        step = a_i + c / b_i if shape.per_node > 1 or not multi else 0.0
+        if multi:
+            step = max(step, a_e + c / b_e)
+        return launch + steps * step
+    if algorithm == "chain":
+        k = chunks_for(n)
+        hop_a, hop_b = (a_e, min(b_i, b_e)) if multi else (a_i, b_i)
+        return launch + an.pipelined_chain_time(p, n, hop_a, hop_b, k)
+    if algorithm == "tree":
+        return launch + _tree_time(shape, n, a_i, b_i, a_e, b_e)
+    if algorithm == "nvls":
+        link = topology.intra_link
+        b_n = topology.intra_bw_Bps / link.efficiency * link.nvls_efficiency
+        return launch + an.nvls_all_reduce_time(p, n, a_i, b_n)
+    if algorithm in ("hierarchical", "hierarchical_sharp"):
+        g, nodes = shape.per_node, shape.nodes
+        intra = an.ring_reduce_scatter_time(g, n, a_i, b_i)
+        rail_b = b_e / g
+        if algorithm == "hierarchical_sharp":
+            inter = a_e + (n / g) / rail_b
+        else:
+            inter = an.ring_all_reduce_time(nodes, n / g, a_e, rail_b)
+        return launch + 2 * intra + inter
+    if algorithm == "ps":
+        return launch + _ps_time(shape, n, a_i, b_i, a_e, b_e, cfg)
+    return launch + (a_e if multi else a_i) + n / (b_e if multi else b_i)
+
+
+def _tree_time(shape: GroupShape, n: float, a_i: float, b_i: float, a_e: float, b_e: float) -> float:
+    """Double binary tree: 2d hops of latency; each rank's links carry 2N; a node's NICs carry N/2 per
+    tree edge leaving it in each direction; fill of d chunks (sim.analytic)."""
+    p = shape.p
+    node = {r: i for i, rs in enumerate(shape.ranks_by_node) for r in rs}
+    parent = [btree_parent(p, r) for r in range(p)]
+    mirror = [(p - 1 - r) if p % 2 == 0 else (r + 1) % p for r in range(p)]
+    cross = [0] * shape.nodes
+    depth = inter_depth = 0
+    for tree in (0, 1):
+        for r in range(1, p):
+            a, b = (r, parent[r]) if tree == 0 else (mirror[r], mirror[parent[r]])
+            if node[a] != node[b]:
+                cross[node[a]] += 1
+                cross[node[b]] += 1
+    for r in range(p):
+        d = di = 0
+        x = r
+        while parent[x] >= 0:
+            d += 1
+            di += node[x] != node[parent[x]]
+            x = parent[x]
+        depth, inter_depth = max(depth, d), max(inter_depth, di)
+    alpha = inter_depth * a_e + (depth - inter_depth) * a_i
+    k = chunks_for(n / 2)
+    bw_s = max(2 * n / b_i if shape.per_node > 1 or shape.nodes == 1 else 0.0,
+               max(cross) * (n / 2) / b_e if shape.nodes > 1 else 0.0)
+    fill = 1 + depth / (2 * k) if k > 1 else 1 + depth / 2
+    return 2 * alpha + bw_s * fill
+
+
+def _ps_time(shape: GroupShape, n: float, a_i: float, b_i: float, a_e: float, b_e: float, cfg: CommConfig) -> float:
+    s = cfg.parameter_servers
+    dedicated = cfg.placement == "dedicated"
+    b = b_e if (shape.nodes > 1 or dedicated) else b_i
+    a = a_e if (shape.nodes > 1 or dedicated) else a_i
+    if dedicated:
+        b = b_e / shape.nics  # a dedicated server has one NIC
+    return an.sharded_parameter_server_time(shape.p, s, n, a, b, cfg.aggregate_Bps, colocated=not dedicated)
+
+
+def choose(op: str, kind: str, size_bytes: float, topology, gpus: list[int], cfg: CommConfig,
+           cache: dict | None = None) -> Choice:
+    """The (algorithm, protocol) with the smallest predicted time among those allowed."""
+    shape = group_shape(topology, gpus)
+    key = (op, kind, size_bytes, shape)
+    if cache is not None and key in cache:
+        return cache[key]
+    best: Choice | None = None
+    for alg in candidates(op, kind, shape, cfg, topology):
+        for proto in PIPELINE_PROTOCOLS.get(alg, ("Simple",)):
+            t = predict_s(op, alg, proto, size_bytes, shape, topology, cfg)
+            if best is None or t < best.predicted_s:
+                best = Choice(alg, proto, base_latency_s(alg, proto), t)
+    assert best is not None
+    if cache is not None:
+        cache[key] = best
+    return best

@@ -198,3 +198,63 @@ def choose(op: str, kind: str, size_bytes: float, topology, gpus: list[int], cfg
     if cache is not None:
         cache[key] = best
     return best
+
+
+# Dedicated parameter servers: CPU nodes whose DRAM bandwidth bounds the summation. Datasheet: 2 sockets ×
+# 8 channels × DDR4-3200 (25.6 GB/s per channel, AMD EPYC 7002 / Intel Ice Lake SP) = 409.6 GB/s.
+CPU_SERVER_MEMORY_Bps = 2 * 8 * 25.6e9
+
+
+def comm_config_for(scenario, topology) -> CommConfig:
+    """The scenario's collective settings; dedicated servers sit on the extra nodes after the GPUs'."""
+    par, c = scenario.parallel, scenario.cluster
+    if par is None:  # a collective benchmark: only the cluster's switches matter
+        return CommConfig(in_network_reduction=c.in_network_reduction)
+    dedicated = par.dp_algorithm == "parameter_server" and par.parameter_server_placement == "dedicated"
+    if dedicated:
+        agg = CPU_SERVER_MEMORY_Bps
+        servers = tuple((c.nodes + s) * c.gpus_per_node for s in range(par.parameter_servers))
+    else:
+        # Colocated servers sum on the GPU they share, at the bandwidth memory-bound kernels reach.
+        agg = scenario.gpu.memory_bandwidth_GBps * 1e9 * scenario.gpu.memory_efficiency
+        servers = ()
+    return CommConfig(par.dp_algorithm, par.parameter_servers, par.parameter_server_placement,
+                      c.in_network_reduction, agg, servers)
+
+
+def server_nodes(scenario) -> int:
+    """Extra nodes the topology needs for dedicated parameter servers (one NIC used each)."""
+    par = scenario.parallel
+    if par is not None and par.dp_algorithm == "parameter_server" and par.parameter_server_placement == "dedicated":
+        return par.parameter_servers
+    return 0
+
+
+def algorithm_pairs(p: int, ranks_by_node: list[list[int]], cfg: CommConfig, extra: int = 0) -> set[tuple[int, int]]:
+    """Rank pairs (a, b) any algorithm ``cfg`` allows may send between (symmetry analysis): ring
+    neighbours always, tree edges, parameter-server (worker, server) pairs, hierarchical rails.
+    In-network algorithms cross only links these already cross. ``extra``: dedicated servers p..p+extra-1."""
+    pairs = {(i, (i + 1) % p) for i in range(p)} if p > 1 else set()
+    alg = cfg.dp_algorithm
+    if p > 2:  # tensor-parallel and auto groups may run the tree whatever dp_algorithm says
+        mirror = [(p - 1 - r) if p % 2 == 0 else (r + 1) % p for r in range(p)]
+        for r in range(1, p):
+            q = btree_parent(p, r)
+            for a, b in ((r, q), (mirror[r], mirror[q])):
+                pairs.update({(a, b), (b, a)})
+    if alg == "parameter_server":
+        from sim.engine.collectives import server_ranks
+
+        srv = list(range(p, p + extra)) if extra else server_ranks(p, cfg.parameter_servers)
+        for s in srv:
+            for w in range(p):
+                if w != s:
+                    pairs.update({(w, s), (s, w)})
+    if alg == "hierarchical":
+        g = len(ranks_by_node[0])
+        for j in range(g):
+            rail = [r[j] for r in ranks_by_node if j < len(r)]
+            pairs.update({(rail[i], rail[(i + 1) % len(rail)]) for i in range(len(rail)) if len(rail) > 1})
+        for r in ranks_by_node:
+            pairs.update({(r[i], r[(i + 1) % len(r)]) for i in range(len(r)) if len(r) > 1})
+    return pairs

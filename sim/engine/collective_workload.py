@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from sim.analytic import busbw_factor
 from sim.engine import algorithms as algs
 from sim.engine import collectives as coll
-from sim.hardware.nccl import PROTOCOLS, base_latency_s
 from sim.engine.timeline import COMM, STREAM_COMM
 from sim.engine.world import World
+from sim.hardware.nccl import PROTOCOLS, base_latency_s
 
 
 @dataclass(frozen=True)

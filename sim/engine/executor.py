@@ -16,6 +16,7 @@ from __future__ import annotations
 import simpy
 
 from sim.engine import collectives as coll
+from sim.engine.algorithms import CommConfig, algorithm_pairs, choose
 from sim.engine.job import Block, TrainingJob
 from sim.engine.timeline import (
     BACKWARD,
@@ -64,6 +65,8 @@ class TrainingExecutor:
         self._cache: dict[tuple, float] = {}
         self._link_cache: dict[tuple, set[int]] = {}
         self._mirrors: dict[tuple, list] = {}
+        self.comm = world.comm or CommConfig()
+        self._choices: dict = {}
         self._binding = self._binding_links() if symmetric else set()
         self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
@@ -106,12 +109,21 @@ class TrainingExecutor:
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
 
     def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
-        """Routes a ring over ``group`` may use (every channel's NIC choice included)."""
+        """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
+        neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
+        symmetry analysis exact)."""
         topo = self.world.topology
-        nics = topo.group_nics(group)
+        servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
+        members = group + servers
+        nics = topo.group_nics(members)
         channels = max((len(v) for v in nics.values()), default=1)
         routes: list[tuple[int, ...]] = []
-        for a, b in zip(group, group[1:] + group[:1], strict=True):
+        by: dict[int, list[int]] = {}
+        for i, x in enumerate(group):
+            by.setdefault(topo.node_of(x), []).append(i)
+        pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        for ia, ib in pairs:
+            a, b = members[ia], members[ib]
             if a == b:
                 continue
             na, nb = topo.node_of(a), topo.node_of(b)
@@ -231,32 +243,57 @@ class TrainingExecutor:
 
     # ---- collectives -----------------------------------------------------------------------------
     def _collective(self, g: int, kind: str, op: str, size_bytes: float):
-        """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done."""
+        """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done,
+        with the label of the algorithm (and protocol) the tuner or the scenario chose."""
         group = self._group(g, kind)
         p = len(group)
         if p == 1 or size_bytes <= 0:
-            return
+            return None
         world = self.world
-        factory = lambda: coll.build(op, "ring", p, size_bytes)  # noqa: E731
+        cfg = self.comm
+        choice = choose(op, kind, size_bytes, world.topology, group, cfg, self._choices)
+        alg = choice.algorithm
+        servers = list(cfg.server_gpus) if alg == "ps" and cfg.server_gpus else []
+        members = group + servers
+        rbn = self._ranks_by_node(group)
+        factory = lambda: coll.build(op, alg, p, size_bytes, ranks_by_node=rbn,  # noqa: E731
+                                     servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps,
+                                     dedicated=bool(servers))
+        proto, launch = choice.protocol, choice.launch_s
         if not self.symmetric:
-            run = world.collective((kind, tuple(group), op), g, factory, group)
+            if g == group[0]:
+                world.count_algorithm(f"{kind}:{op}", choice.label)
+            run = world.collective((kind, tuple(group), op), g, factory, members, None, proto, launch)
+            for i in range(p, len(members)):
+                if not run.arrived[i]:
+                    run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
-            return
+            return choice.label
+        # One representative per stage stands for every group of this kind at its stage.
+        world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // (self.job.pp * p))
         if kind in self._cacheable:
             key = (kind, op, size_bytes, tuple(group))
             dur = self._cache.get(key)
             if dur is not None:
                 yield self.env.timeout(dur)
-                return
+                return choice.label
             t0 = self.env.now
-            yield world.run_collective_alone(factory(), group).join_all()
+            yield world.run_collective_alone(factory(), members, None, proto, launch).join_all()
             self._cache[key] = self.env.now - t0
-            return
-        mine = world.run_collective_alone(factory(), group)
+            return choice.label
+        mine = world.run_collective_alone(factory(), members, None, proto, launch)
         if kind in ("tp", "dp"):
             for mg in self._mirror_groups(g, kind):
-                world.run_collective_alone(factory(), mg).join_all()
+                world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
         yield mine.join_all()
+        return choice.label
+
+    def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
+        topo = self.world.topology
+        by: dict[int, list[int]] = {}
+        for i, x in enumerate(group):
+            by.setdefault(topo.node_of(x), []).append(i)
+        return list(by.values())
 
     def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
         """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival."""
@@ -390,9 +427,10 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            yield from self._collective(g, "dp", op, size_bytes)
+            alg = yield from self._collective(g, "dp", op, size_bytes)
             if env.now > start:
-                world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start, {"bytes": size_bytes, "op": op, "step": step})
+                world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start,
+                           {"bytes": size_bytes, "op": op, "step": step, "algorithm": alg})
             return None
 
         return self._stream(g, STREAM_DP).submit(body)
@@ -422,9 +460,10 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            yield from self._collective(g, "dp", "all_gather", size_bytes)
+            alg = yield from self._collective(g, "dp", "all_gather", size_bytes)
             if env.now > start:
-                world.span(g, STREAM_DP, "all_gather params", COMM_DP, start, {"bytes": size_bytes, "op": "all_gather"})
+                world.span(g, STREAM_DP, "all_gather params", COMM_DP, start,
+                           {"bytes": size_bytes, "op": "all_gather", "algorithm": alg})
             return None
 
         return self._stream(g, STREAM_DP).submit(body)

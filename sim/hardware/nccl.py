@@ -15,7 +15,7 @@ Protocols (NCCL's three):
 
 from __future__ import annotations
 
-from sim.units import KiB, US
+from sim.units import US, KiB
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 

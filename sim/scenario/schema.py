@@ -37,7 +37,7 @@ COLLECTIVE_OPS = (
 # rooted ops), "hierarchical" = an intra-node phase around an inter-node one (needs whole nodes).
 # Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
 COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "ps"),
+    "all_reduce": ("ring", "tree", "hierarchical", "ps", "nvls", "hierarchical_sharp"),
     "reduce_scatter": ("ring",),
     "all_gather": ("ring",),
     "broadcast": ("chain", "binomial", "ps"),
@@ -45,7 +45,9 @@ COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_to_all": ("direct",),
     "send_recv": ("direct",),
 }
-ALGORITHMS = ("ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct", "nvls",
+              "hierarchical_sharp")
+DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 
 
@@ -208,6 +210,11 @@ class Cluster(_Strict):
         default_factory=dict,
         description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
     )
+    in_network_reduction: bool = Field(
+        False,
+        description="reduce in the switches where the hardware can: NVLink SHARP (NVLS) inside a node "
+        "with nvlink4/nvlink5, InfiniBand SHARP across nodes on hdr/ndr/xdr",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -369,8 +376,12 @@ class CollectiveModel(_Strict):
         description='total buffer size: bytes, "256MB", "1GiB", or a list of them (one run per size)',
     )
     algorithm: Literal[ALGORITHMS] = Field(  # type: ignore[valid-type]
-        description="all_reduce: ring|tree|hierarchical|ps; reduce/broadcast: chain|binomial|ps; "
-        "all_gather/reduce_scatter: ring; all_to_all/send_recv: direct. Default: the first"
+        description="auto (NCCL's tuner: algorithm and protocol by size and group shape), or all_reduce: "
+        "ring|tree (double binary tree)|hierarchical|ps|nvls|hierarchical_sharp; reduce/broadcast: "
+        "chain|binomial|ps; all_gather/reduce_scatter: ring; all_to_all/send_recv: direct. Default: the first"
+    )
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
+        "auto", description="NCCL protocol; auto = the fastest by NCCL's latency/bandwidth model"
     )
     channels: int | None = Field(
         None, ge=1, description="parallel channels; null = the engine's NCCL-like default"
@@ -396,7 +407,7 @@ class CollectiveModel(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> CollectiveModel:
         allowed = COLLECTIVE_ALGORITHMS[self.op]
-        if self.algorithm not in allowed:
+        if self.algorithm not in allowed and self.algorithm != "auto":
             raise RuleError(
                 "algorithm",
                 show(self.algorithm),
@@ -618,9 +629,37 @@ class Parallel(_Strict):
     overlap_grad_sync: bool = Field(
         True, description="overlap the gradient all-reduce with the backward pass"
     )
+    dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "
+        "(double binary tree), hierarchical (intra-node RS, inter-node AR, intra-node AG; SHARP with "
+        "in_network_reduction), parameter_server",
+    )
+    parameter_servers: int = Field(
+        1, ge=1, description="parameter_server: how many servers (sharded, BytePS-style, when > 1)"
+    )
+    parameter_server_placement: Literal["colocated", "dedicated"] = Field(
+        "colocated", description="parameter_server: colocated (on worker nodes) or dedicated (extra CPU nodes)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Parallel:
+        if self.dp_algorithm != "parameter_server" and (
+            self.parameter_servers != 1 or self.parameter_server_placement != "colocated"
+        ):
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"parameter servers apply to dp_algorithm: parameter_server, not {self.dp_algorithm}",
+                "set dp_algorithm: parameter_server or remove parameter_servers/parameter_server_placement",
+            )
+        if self.dp_algorithm == "parameter_server" and self.zero:
+            raise RuleError(
+                "dp_algorithm",
+                show(self.dp_algorithm),
+                f"a parameter server syncs whole gradients (all-reduce), ZeRO {self.zero} shards them",
+                "use zero: 0 or another dp_algorithm",
+            )
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise RuleError(
                 "virtual_stages",

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim import analytic as an
+from sim.hardware.nccl import base_latency_s
 from sim.api import simulate
 from sim.engine.executor import TrainingExecutor
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
@@ -47,7 +48,9 @@ def test_seed_data_parallel_straggler_sets_step_time() -> None:
     sc = r.scenario
     link = sc.cluster.intra_node
     grads = 25_000_000 * 4
-    t_ar = an.ring_all_reduce_time(16, grads, link.latency_s, link.bandwidth_Bps)
+    # NCCL's ring with the Simple protocol: its launch latency, then 2(p-1) hops (sim.hardware.nccl).
+    t_ar = base_latency_s("ring", "Simple") + an.ring_all_reduce_time(16, grads, link.latency_s, link.bandwidth_Bps)
+    assert s["collective_algorithms"] == {"dp:all_reduce": {"ring": 1}}
     compute = [0.120 * (1.5 if g == 3 else 1.0) for g in range(16)]
     assert s["step_time_s"] == pytest.approx(an.dp_step_time(compute, t_ar), rel=1e-9)
     # Without the straggler every worker finishes at 120 ms.

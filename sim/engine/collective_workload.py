@@ -91,7 +91,8 @@ def run_collectives(
             if proto not in PROTOCOLS:
                 raise ValueError(f"protocol {proto!r} is not one of {PROTOCOLS}")
             for it in range(iterations):
-                dag = coll.build(op, alg, p, float(size), ranks_by_node=rbn, chunks=chunks)
+                dag = coll.build(op, alg, p, float(size), ranks_by_node=rbn, chunks=chunks,
+                                 servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps)
                 transfers = dag.n
                 run = world.run_collective_alone(dag, gpus, channels, proto, base_latency_s(alg, proto))
                 ch = run.channels

@@ -715,6 +715,10 @@ class InNetworkRun(CollectiveRun):
         if self._n_joined < self.p:
             return
         topo = self.world.topology
+        scale = 1.0
+        if self.spec.level == "nvlink":  # NVLS traffic reaches nvls_efficiency of the rate, not efficiency
+            link = topo.intra_link
+            scale = link.efficiency / link.nvls_efficiency if link.nvls_efficiency else 1.0
         for r in range(self.p):
             g = self.gpus[r]
             if self.spec.level == "nvlink":
@@ -730,8 +734,8 @@ class InNetworkRun(CollectiveRun):
                 downs = [((topo.nic_down[node][n],), 1.0 / len(own)) for n in own]
                 lat = self._hop_latency(topo.route(g, topo.num_gpus - 1 if node == 0 else 0))
             net = self.world.network
-            net.transfer(ups, self.spec.up_bytes * self._wire, lat, self, r)
-            net.transfer(downs, self.spec.down_bytes * self._wire, lat, self, r)
+            net.transfer(ups, self.spec.up_bytes * self._wire * scale, lat, self, r)
+            net.transfer(downs, self.spec.down_bytes * self._wire * scale, lat, self, r)
 
     def transfer_done(self, r: int) -> None:
         self._parts[r] += 1

@@ -226,6 +226,20 @@ class TrainingExecutor:
                     if tuple(grp) not in seen and self._links_of(grp) & links:
                         seen.add(tuple(grp))
                         out.append(grp)
+                # Groups crossing the links of g's other collective (e.g. the TP pairs of g's DP peers
+                # on the DP tree's links): a tree or a server is not gated step by step like a ring,
+                # so the peers' own traffic must be there, not only g's.
+                other = self._group(g, "dp" if kind == "tp" else "tp")
+                if kind in ("tp", "dp") and len(other) > 1:
+                    other_links = self._links_of(other)
+                    stage = self.layout.coords(g)[2]
+                    for x in range(self.layout.world_size):
+                        if x == g or self.layout.coords(x)[2] != stage:
+                            continue
+                        grp = self._group(x, kind)
+                        if tuple(grp) not in seen and self._links_of(grp) & other_links:
+                            seen.add(tuple(grp))
+                            out.append(grp)
             self._mirrors[key] = out
         return out
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from sim import analytic as an
-from sim.hardware.nccl import base_latency_s
 from sim.api import simulate
 from sim.engine.executor import TrainingExecutor
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
 from sim.engine.timeline import COMM_DP, COMM_TP
 from sim.errors import SimulationError
+from sim.hardware.nccl import base_latency_s
 from sim.outputs.writers import summary_json
 from sim.scenario.load import load_scenario, scenario_from_dict
 from sim.schedules.actions import Action

@@ -83,7 +83,7 @@ def candidates(op: str, kind: str, shape: GroupShape, cfg: CommConfig, topology)
                 return ["ring"]
             return ["hierarchical_sharp" if sharp else "hierarchical"]
         return [alg]
-    out = ["ring", "tree"]
+    out = ["ring", "tree"] if shape.p >= 4 else ["ring"]  # 2–3 ranks: a tree is a ring with extra steps
     if nvls:
         out.append("nvls")
     if sharp and shape.per_node > 1:
@@ -112,10 +112,17 @@ def predict_s(op: str, algorithm: str, protocol: str, size_bytes: float, shape: 
     if op in ("reduce_scatter", "all_gather", "all_reduce") and algorithm == "ring":
         steps = (2 if op == "all_reduce" else 1) * (p - 1)
         c = n / p
-        step = a_i + c / b_i if shape.per_node > 1 or not multi else 0.0
-        if multi:
-            step = max(step, a_e + c / b_e)
-        return launch + steps * step
+        if not multi:
+            return launch + steps * (a_i + c / b_i)
+        if shape.per_node == 1:
+            return launch + steps * (a_e + c / b_e)
+        # As NCCL's ring model (tuning.cc): inter-node steps pay the network latency once (the
+        # connection's slots overlap it with the data behind), and every step is paced by the slower
+        # of an NVLink hop (latency + chunk) and the boundary hop's NICs (chunk). A chunk's path visits
+        # every hop alike, so a share nodes/p of its steps cross a node boundary (NCCL counts
+        # 2(nodes-1): the same for p ≫ nodes).
+        n_inter = steps * shape.nodes / p
+        return launch + steps * max(a_i + c / b_i, c / b_e) + n_inter * a_e
     if algorithm == "chain":
         k = chunks_for(n)
         hop_a, hop_b = (a_e, min(b_i, b_e)) if multi else (a_i, b_i)
@@ -141,34 +148,47 @@ def predict_s(op: str, algorithm: str, protocol: str, size_bytes: float, shape: 
 
 
 def _tree_time(shape: GroupShape, n: float, a_i: float, b_i: float, a_e: float, b_e: float) -> float:
-    """Double binary tree: 2d hops of latency; each rank's links carry 2N; a node's NICs carry N/2 per
-    tree edge leaving it in each direction; fill of d chunks (sim.analytic)."""
+    """Double binary tree, the tuner's estimate: the steady state moves N/2 each way over every tree
+    edge (2N through an inner rank's NVLink, N/2 per edge leaving a node through its NICs), plus the
+    first chunk's trip up and down the deepest path — its hop latencies in full, its per-hop data
+    divided by k (pipelined, it mostly overlaps the data behind it; one whole chunk per hop when k = 1).
+    Checked against the simulation by tests/test_algorithms.py's property test."""
     p = shape.p
     node = {r: i for i, rs in enumerate(shape.ranks_by_node) for r in rs}
     parent = [btree_parent(p, r) for r in range(p)]
     mirror = [(p - 1 - r) if p % 2 == 0 else (r + 1) % p for r in range(p)]
-    cross = [0] * shape.nodes
-    depth = inter_depth = 0
-    for tree in (0, 1):
-        for r in range(1, p):
-            a, b = (r, parent[r]) if tree == 0 else (mirror[r], mirror[parent[r]])
-            if node[a] != node[b]:
-                cross[node[a]] += 1
-                cross[node[b]] += 1
-    for r in range(p):
-        d = di = 0
-        x = r
-        while parent[x] >= 0:
-            d += 1
-            di += node[x] != node[parent[x]]
-            x = parent[x]
-        depth, inter_depth = max(depth, d), max(inter_depth, di)
-    alpha = inter_depth * a_e + (depth - inter_depth) * a_i
+    second = [-1] * p
+    for r in range(1, p):
+        second[mirror[r]] = mirror[parent[r]]
+    cross = [0] * shape.nodes  # tree edges leaving each node (through its NICs), both trees
+    deg = [0] * p  # intra-node tree edges at each rank (through its NVLink), both trees
+    for par in (parent, second):
+        for r in range(p):
+            q = par[r]
+            if q >= 0 and node[r] != node[q]:
+                cross[node[r]] += 1
+                cross[node[q]] += 1
+            elif q >= 0:
+                deg[r] += 1
+                deg[q] += 1
     k = chunks_for(n / 2)
-    bw_s = max(2 * n / b_i if shape.per_node > 1 or shape.nodes == 1 else 0.0,
-               max(cross) * (n / 2) / b_e if shape.nodes > 1 else 0.0)
-    fill = 1 + depth / (2 * k) if k > 1 else 1 + depth / 2
-    return 2 * alpha + bw_s * fill
+    c = n / 2 / k / k  # the first chunk's per-hop time hides behind the other k-1 chunks' data
+    path = 0.0
+    for par in (parent, second):
+        for r in range(p):
+            cost, x = 0.0, r
+            while par[x] >= 0:
+                q = par[x]
+                if node[x] != node[q]:
+                    share = max(1.0, max(cross[node[x]], cross[node[q]]) / 2 / shape.nics)
+                    cost += 2 * a_e + c * share / b_e
+                else:
+                    cost += 2 * a_i + c * max(1.0, max(deg[x], deg[q]) / 2) / b_i
+                x = q
+            path = max(path, cost)
+    # Every edge carries N/2 each way over the whole collective (reduce one way, broadcast back).
+    bw_s = max(max(deg) * (n / 2) / b_i, max(cross) * (n / 2) / b_e if shape.nodes > 1 else 0.0)
+    return path + bw_s
 
 
 def _ps_time(shape: GroupShape, n: float, a_i: float, b_i: float, a_e: float, b_e: float, cfg: CommConfig) -> float:

@@ -130,9 +130,13 @@ def _sequence(first: DAG, second: DAG, p: int) -> DAG:
 
 
 # ---- algorithms (pure) ----------------------------------------------------------------------------
+RING_SLOTS = 8  # NCCL_STEPS (src/include/device.h): sends a connection may have in flight
+
+
 def ring(p: int, chunk_bytes: float, steps: int) -> DAG:
     """``steps`` ring steps; at step k rank i sends one chunk to i+1, after receiving step k-1 from i-1
-    and finishing its own step k-1 send. All-reduce: 2(p-1) steps of N/p; RS/AG: p-1 steps of N/p."""
+    (and once its send of step k-8 finished: NCCL's 8 slots). All-reduce: 2(p-1) steps of N/p; RS/AG:
+    p-1 steps of N/p."""
     if p < 2 or steps == 0:
         return DAG.empty()
     i = np.tile(np.arange(p), steps)
@@ -141,8 +145,10 @@ def ring(p: int, chunk_bytes: float, steps: int) -> DAG:
     t = k * p + i
     later = k >= 1
     tl, kl, il = t[later], k[later], i[later]
-    edge_from = np.concatenate([(kl - 1) * p + (il - 1) % p, (kl - 1) * p + il])
-    edge_to = np.concatenate([tl, tl])
+    slots = RING_SLOTS
+    old = k >= slots  # at most ``slots`` sends of a rank in flight (NCCL's connection slots)
+    edge_from = np.concatenate([(kl - 1) * p + (il - 1) % p, (k[old] - slots) * p + i[old]])
+    edge_to = np.concatenate([tl, t[old]])
     return DAG(src, dst, np.full(len(t), float(chunk_bytes)), edge_from, edge_to)
 
 
@@ -649,8 +655,12 @@ class DagRun(CollectiveRun):
 
 
 class RingRun(CollectiveRun):
-    """The ring of ``RingSpec``: rank i sends step k to i+1 once it received step k-1 from i-1 and its
-    own step k-1 send finished, and once i+1 has joined."""
+    """The ring of ``RingSpec``: rank i sends step k to i+1 once it received step k-1 from i-1 and
+    i+1 has joined. Like NCCL's connections (NCCL_STEPS = 8 slots, src/include/device.h) a rank may
+    have up to ``SLOTS`` sends in flight, so a slow hop's latency overlaps the data behind it instead
+    of being paid again for every step; on equal links nothing changes (each step waits for its data)."""
+
+    SLOTS = RING_SLOTS
 
     def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
                  protocol: str = "Simple", launch_s: float = 0.0):
@@ -659,7 +669,7 @@ class RingRun(CollectiveRun):
         p = len(gpus)
         self._sent = [0] * p
         self._recvd = [0] * p
-        self._busy = [False] * p
+        self._busy = [0] * p  # sends in flight
 
     def _on_join(self, i: int) -> None:
         p = self.p
@@ -672,23 +682,23 @@ class RingRun(CollectiveRun):
     def _try(self, i: int) -> None:
         k = self._sent[i]
         if (
-            not self._busy[i]
+            self._busy[i] < self.SLOTS
             and k < self.spec.steps
             and self.joined[i]
             and self._recvd[i] >= k
             and self.joined[(i + 1) % self.p]
         ):
-            self._busy[i] = True
+            self._busy[i] += 1
             self._sent[i] = k + 1
             self._send(i, (i + 1) % self.p, self.spec.chunk_bytes, i)
 
     def transfer_done(self, i: int) -> None:
         p = self.p
         j = (i + 1) % p
-        self._busy[i] = False
+        self._busy[i] -= 1
         self._recvd[j] += 1
         steps = self.spec.steps
-        if self._sent[i] == steps and self._recvd[i] == steps:
+        if self._sent[i] == steps and self._recvd[i] == steps and not self._busy[i]:
             self._rank_done(i)
         elif self._sent[i] < steps:
             self._try(i)

@@ -117,7 +117,7 @@ SHAPES = st.sampled_from([(1, 2), (1, 4), (1, 8), (2, 1), (2, 4), (2, 8), (4, 1)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=SHAPES, log_size=st.integers(10, 28), intra=st.sampled_from(["nvlink3", "nvlink4"]),
+@given(shape=SHAPES, log_size=st.integers(10, 28), intra=st.sampled_from(["nvlink3", "nvlink4", "pcie4"]),
        inter=st.sampled_from(["edr", "hdr", "ndr"]), innet=st.booleans())
 def test_auto_never_picks_a_much_slower_algorithm(shape, log_size: int, intra: str, inter: str, innet: bool) -> None:
     """Whatever auto picks, the simulator times it within 10 % of the best available (algorithm, protocol)."""

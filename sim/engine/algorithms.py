@@ -5,8 +5,10 @@ every (algorithm, protocol) it may use, ``base latency + hops × hop latency + b
 and runs the fastest. ``choose`` does the same with dtsim's own closed forms (``sim.analytic``) over
 the group's links, so ``auto`` follows the message size and the group's shape: LL for tiny messages,
 tree where many hops make the ring's 2(p − 1) latencies dominate, NVLS inside an NVSwitch node when
-in-network reduction is on, ring for large buffers. The choice depends only on the group's shape and
-the size, so symmetric and full simulations choose alike.
+in-network reduction is on, ring for large buffers. Where two candidates come within 30 % of each
+other (a crossover, where these closed forms can be ~20 % off for a tree at medium sizes), groups of
+up to 64 ranks time them on idle links with the simulator and take the faster. The choice depends only
+on the group's shape and the size, so symmetric and full simulations choose alike.
 """
 
 from __future__ import annotations
@@ -201,23 +203,47 @@ def _ps_time(shape: GroupShape, n: float, a_i: float, b_i: float, a_e: float, b_
     return an.sharded_parameter_server_time(shape.p, s, n, a, b, cfg.aggregate_Bps, colocated=not dedicated)
 
 
+# Near a crossover the closed forms above can be off by up to ~20 % (tree pipelines at medium sizes);
+# there the tuner times the close candidates on idle links with the simulator itself (small groups).
+REFINE_WITHIN = 1.3
+REFINE_MAX_RANKS = 64
+
+
 def choose(op: str, kind: str, size_bytes: float, topology, gpus: list[int], cfg: CommConfig,
            cache: dict | None = None) -> Choice:
-    """The (algorithm, protocol) with the smallest predicted time among those allowed."""
+    """The (algorithm, protocol) with the smallest predicted time among those allowed; candidates
+    within ``REFINE_WITHIN`` of the best are timed on idle links when the group is small."""
     shape = group_shape(topology, gpus)
     key = (op, kind, size_bytes, shape)
     if cache is not None and key in cache:
         return cache[key]
-    best: Choice | None = None
+    options: list[Choice] = []
     for alg in candidates(op, kind, shape, cfg, topology):
         for proto in PIPELINE_PROTOCOLS.get(alg, ("Simple",)):
             t = predict_s(op, alg, proto, size_bytes, shape, topology, cfg)
-            if best is None or t < best.predicted_s:
-                best = Choice(alg, proto, base_latency_s(alg, proto), t)
-    assert best is not None
+            options.append(Choice(alg, proto, base_latency_s(alg, proto), t))
+    best = min(options, key=lambda c: c.predicted_s)
+    close = [c for c in options if c.predicted_s <= REFINE_WITHIN * best.predicted_s]
+    if len(close) > 1 and shape.p <= REFINE_MAX_RANKS and not cfg.server_gpus:
+        best = min(close, key=lambda c: _time_alone(op, c, size_bytes, topology, gpus, shape, cfg))
     if cache is not None:
         cache[key] = best
     return best
+
+
+def _time_alone(op: str, c: Choice, size_bytes: float, topology, gpus: list[int], shape: GroupShape,
+                cfg: CommConfig) -> float:
+    """The simulated time of one collective on otherwise idle links (a scratch world, same topology)."""
+    from sim.engine import collectives as coll
+    from sim.engine.world import World
+
+    w = World(topology)
+    spec = coll.build(op, c.algorithm, shape.p, size_bytes, ranks_by_node=[list(r) for r in shape.ranks_by_node],
+                      servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps)
+    run = w.run_collective_alone(spec, gpus, None, c.protocol, c.launch_s)
+    run.join_all()
+    w.env.run()
+    return run.end_s - run.start_s
 
 
 # Dedicated parameter servers: CPU nodes whose DRAM bandwidth bounds the summation. Datasheet: 2 sockets ×

@@ -218,3 +218,14 @@ def test_protocols_follow_nccl_latency_and_bandwidth() -> None:
         assert t(n, proto) == pytest.approx(expect, rel=1e-9)
     assert t(1024, "LL") < t(1024, "Simple")
     assert t(1 << 30, "Simple") < t(1 << 30, "LL")
+
+
+def test_hierarchical_sharp_all_reduce_closed_form() -> None:
+    """Intra-node ring RS, then the switches reduce every rank's N/g shard (one trip up and down its
+    NIC, α + (N/g)/B), then intra-node ring AG: half the inter-node bytes of the ring phase it replaces."""
+    nodes, g, n = 4, 4, 1 << 26
+    intra = an.ring_reduce_scatter_time(g, n, A, B)
+    expect = L("hierarchical_sharp") + 2 * intra + INTER.latency_s + n / g / INTER.bandwidth_Bps
+    t = sim_time("all_reduce", "hierarchical_sharp", nodes * g, n, nodes=nodes)
+    assert t == pytest.approx(expect, rel=1e-9)
+    assert t < sim_time("all_reduce", "hierarchical", nodes * g, n, nodes=nodes)

@@ -653,6 +653,13 @@ class Parallel(_Strict):
                 f"parameter servers apply to dp_algorithm: parameter_server, not {self.dp_algorithm}",
                 "set dp_algorithm: parameter_server or remove parameter_servers/parameter_server_placement",
             )
+        if self.parameter_server_placement == "colocated" and self.parameter_servers > self.data:
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"colocated servers sit on the {self.data} data-parallel workers, at most one each",
+                f"use parameter_servers: {self.data} or parameter_server_placement: dedicated",
+            )
         if self.dp_algorithm == "parameter_server" and self.zero:
             raise RuleError(
                 "dp_algorithm",

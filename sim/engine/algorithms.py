@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sim import analytic as an
 from sim.engine.collectives import btree_parent, chunks_for
-from sim.hardware.nccl import PROTOCOLS, base_latency_s
+from sim.hardware.nccl import IN_NETWORK_LATENCY_US, PROTOCOLS, base_latency_s
 
 # parallel.dp_algorithm → engine algorithm of the all-reduce.
 DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
@@ -134,13 +134,13 @@ def predict_s(op: str, algorithm: str, protocol: str, size_bytes: float, shape: 
     if algorithm == "nvls":
         link = topology.intra_link
         b_n = topology.intra_bw_Bps / link.efficiency * link.nvls_efficiency
-        return launch + an.nvls_all_reduce_time(p, n, a_i, b_n)
+        return launch + an.nvls_all_reduce_time(p, n, IN_NETWORK_LATENCY_US["nvlink"] * 1e-6, b_n)
     if algorithm in ("hierarchical", "hierarchical_sharp"):
         g, nodes = shape.per_node, shape.nodes
         intra = an.ring_reduce_scatter_time(g, n, a_i, b_i)
         rail_b = b_e / g
         if algorithm == "hierarchical_sharp":
-            inter = a_e + (n / g) / rail_b
+            inter = IN_NETWORK_LATENCY_US["net"] * 1e-6 + (n / g) / rail_b
         else:
             inter = an.ring_all_reduce_time(nodes, n / g, a_e, rail_b)
         return launch + 2 * intra + inter

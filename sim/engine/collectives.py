@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 
 from sim.errors import ScenarioError
-from sim.hardware.nccl import PROTOCOL_BW_FRACTION, chunks_for
+from sim.hardware.nccl import IN_NETWORK_LATENCY_US, PROTOCOL_BW_FRACTION, chunks_for
 
 # Which algorithms each collective supports; the first is the default. "tree" is NCCL's pipelined double
 # binary tree; "nvls" the NVSwitch in-network all-reduce (one node); "hierarchical_sharp" the hierarchical
@@ -731,18 +731,16 @@ class InNetworkRun(CollectiveRun):
             scale = link.efficiency / link.nvls_efficiency if link.nvls_efficiency else 1.0
         for r in range(self.p):
             g = self.gpus[r]
+            lat = IN_NETWORK_LATENCY_US[self.spec.level] * 1e-6  # NCCL's NVLS / CollNet hop latency
             if self.spec.level == "nvlink":
-                rt = topo.route(g, g)
                 ups = [((topo.gpu_up[g],), 1.0)]
                 downs = [((topo.gpu_down[g],), 1.0)]
-                lat = self._hop_latency(rt)
             else:
                 node = topo.node_of(g)
                 nics = self._group_nics[node]
                 own = [n for n in topo.nics_of(g) if n in nics] or nics[:1]
                 ups = [((topo.nic_up[node][n],), 1.0 / len(own)) for n in own]
                 downs = [((topo.nic_down[node][n],), 1.0 / len(own)) for n in own]
-                lat = self._hop_latency(topo.route(g, topo.num_gpus - 1 if node == 0 else 0))
             net = self.world.network
             net.transfer(ups, self.spec.up_bytes * self._wire * scale, lat, self, r)
             net.transfer(downs, self.spec.down_bytes * self._wire * scale, lat, self, r)

@@ -31,14 +31,17 @@ HW_LATENCY_US = {
 }
 
 # Per-collective base latency (µs), tuning.cc ``baseLatencies``: Tree {6.8, 14.0, 8.4}, Ring {6.6, 14.0,
-# 8.4}; NVLS and CollNet have 0 base (their hop latency is charged once instead: NVLS 25 µs on NVLink,
-# CollNet ≈ 30 µs over the network; here the in-network algorithms take the Simple ring base instead so
-# every collective pays a launch). dtsim's other algorithms (chain, parameter server, hierarchical)
-# launch like a ring.
+# 8.4}, NVLS 0 (its whole latency is the one in-network hop below). dtsim's other algorithms (chain,
+# parameter server, hierarchical) launch like a ring.
 BASE_LATENCY_US = {
     "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
     "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
+    "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
 }
+
+# Latency of one in-network reduction (µs), Simple protocol (tuning.cc hwLatencies): NVLS on NVLink 25;
+# CollNet (SHARP) over the network: CollNetDirect 31, CollNetChain 30 → 30.
+IN_NETWORK_LATENCY_US = {"nvlink": 25.0, "net": 30.0}
 
 # NCCL pipelines a collective in chunks of one buffer slot: NCCL_BUFFSIZE (default 4 MiB, NCCL
 # environment-variable documentation) over NCCL_STEPS = 8 slots (src/include/device.h) = 512 KiB.
@@ -50,7 +53,7 @@ MAX_CHUNKS = 64
 
 def base_latency_s(algorithm: str, protocol: str) -> float:
     """Launch latency NCCL charges once per collective (ring row for algorithms it lacks)."""
-    row = BASE_LATENCY_US["tree" if algorithm == "tree" else "ring"]
+    row = BASE_LATENCY_US[algorithm if algorithm in BASE_LATENCY_US else "ring"]
     return row[protocol] * US
 
 

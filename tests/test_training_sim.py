@@ -145,9 +145,10 @@ def _tiny(**over) -> dict:
 @pytest.mark.parametrize("nics", [8, 2, 1])
 @pytest.mark.parametrize("dp,tp,pp", [(4, 2, 2), (2, 2, 4), (8, 1, 2), (2, 4, 2)])
 def test_symmetric_and_full_simulation_agree(nics: int, dp: int, tp: int, pp: int) -> None:
-    """One GPU per stage (with mirrored traffic where links are shared) = every GPU simulated."""
+    """One GPU per stage (with mirrored traffic where links are shared) = every GPU simulated. Rings
+    (every rank finishes together); other algorithms: tests/test_algorithms.py."""
     over = dict(cluster__nics_per_node=nics, parallel__data=dp, parallel__tensor=tp, parallel__pipeline=pp,
-                training__global_batch=dp * 2 * 4)
+                training__global_batch=dp * 2 * 4, parallel__dp_algorithm="ring")
     full = simulate(scenario_from_dict(_tiny(simulation__symmetry="off", **over))).summary
     sym = simulate(scenario_from_dict(_tiny(simulation__symmetry="on", **over))).summary
     assert sym["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)

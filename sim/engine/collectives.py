@@ -361,7 +361,9 @@ def send_recv(p: int, size_bytes: float) -> DAG:
 
 def hierarchical_all_reduce(ranks_by_node: list[list[int]], size_bytes: float) -> DAG:
     """Intra-node ring reduce-scatter → inter-node ring all-reduce among same-local-index ranks (one ring
-    per local index, in parallel) → intra-node ring all-gather. Ranks are group indices."""
+    per local index, in parallel) → intra-node ring all-gather. Ranks are group indices. The phases
+    follow each other rank by rank on the whole buffer; they are not overlapped chunk by chunk as
+    NCCL's CollNet / NVLS-tree pipelines do."""
     g = len(ranks_by_node[0])
     if any(len(r) != g for r in ranks_by_node):
         raise ScenarioError("hierarchical all-reduce needs the same number of ranks on every node", "model.algorithm")

@@ -1121,12 +1121,35 @@ def _collective(sc: Scenario) -> None:
             f"more ranks than GPUs ({c.nodes}×{c.gpus_per_node} = {c.total_gpus})",
             f"use ranks ≤ {c.total_gpus} (or null for all), or more nodes",
         )
-    if m.algorithm == "hierarchical" and m.ranks > c.gpus_per_node and m.ranks % c.gpus_per_node:
+    if m.algorithm in ("hierarchical", "hierarchical_sharp") and m.ranks > c.gpus_per_node and (
+        m.ranks % c.gpus_per_node
+    ):
         raise RuleError(
             "model.ranks",
             show(m.ranks),
-            f"hierarchical needs whole nodes: ranks must be a multiple of gpus_per_node = {c.gpus_per_node}",
+            f"{m.algorithm} needs whole nodes: ranks must be a multiple of gpus_per_node = {c.gpus_per_node}",
             f"use ranks: {m.ranks // c.gpus_per_node * c.gpus_per_node}, or another algorithm",
+        )
+    if m.algorithm == "nvls" and m.ranks > c.gpus_per_node:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"NVLS reduces inside one node's NVSwitch; {m.ranks} ranks span {-(-m.ranks // c.gpus_per_node)} nodes",
+            f"use ranks ≤ {c.gpus_per_node}, or algorithm: hierarchical_sharp / auto",
+        )
+    if m.algorithm == "hierarchical_sharp" and not c.inter_node.sharp:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"the inter-node link {c.inter_node.name} does not reduce in the network (hdr, ndr, xdr do)",
+            "use inter_node: hdr, or algorithm: hierarchical",
+        )
+    if m.algorithm == "nvls" and c.intra_node.nvls_efficiency is None:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"the intra-node link {c.intra_node.name} has no NVLink SHARP (nvlink4 and nvlink5 do)",
+            "use intra_node: nvlink4, or another algorithm",
         )
 
 

@@ -194,3 +194,15 @@ def test_parameter_servers_need_the_parameter_server_algorithm() -> None:
 
     with pytest.raises(ScenarioError, match="parameter_servers"):
         scenario_from_dict(_tiny(parallel__parameter_servers=2))
+
+
+def test_collective_counts_agree_between_symmetric_and_full_with_loss_scaling() -> None:
+    """The found_inf all-reduce spans the stages (model-parallel group): counted once per group."""
+    from tests.test_training_sim import _tiny
+
+    over = dict(parallel__data=2, parallel__tensor=2, parallel__pipeline=4, training__global_batch=16,
+                training__precision="fp16", training__loss_scaling={"kind": "dynamic", "overflow_steps": [5]})
+    full = simulate(scenario_from_dict(_tiny(simulation__symmetry="off", **over))).summary
+    sym = simulate(scenario_from_dict(_tiny(simulation__symmetry="on", **over))).summary
+    assert full["collective_algorithms"] == sym["collective_algorithms"]
+    assert sum(full["collective_algorithms"]["mp:all_reduce"].values()) == 2  # one per data-parallel replica

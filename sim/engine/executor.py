@@ -283,8 +283,12 @@ class TrainingExecutor:
                     run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
             return choice.label
-        # One representative per stage stands for every group of this kind at its stage.
-        world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // (self.job.pp * p))
+        # One representative per stage stands for every group of this kind at its stage (a model-parallel
+        # group spans the stages: counted once, by stage 0's representative).
+        if kind != "mp":
+            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // (self.job.pp * p))
+        elif self.layout.coords(g)[2] == 0:
+            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // p)
         if kind in self._cacheable:
             key = (kind, op, size_bytes, tuple(group))
             dur = self._cache.get(key)

@@ -261,3 +261,45 @@ def korthikanti_hardware_flops_full_recompute(
     """96·B·L·s·h²(1 + s/(6h) + V/(16hL)): with full recomputation (layers' forward run twice)."""
     b, n, s, h, v = global_batch, layers, seq, hidden, vocab
     return 96.0 * b * n * s * h * h * (1 + s / (6 * h) + v / (16 * h * n))
+
+
+# ------------------------------------------------------------------------ pipelined and in-network (NCCL)
+
+
+def pipelined_chain_time(p: int, n_bytes: float, alpha_s: float, bandwidth_Bps: float, chunks: int) -> float:
+    """Chain broadcast/reduce pipelined as NCCL runs it (a hop's later chunks do not wait its latency
+    again): (p − 1)α + (p − 1 + k − 1)·N/(kB) → (p − 1)α + N/B for many chunks."""
+    if p == 1:
+        return 0.0
+    return (p - 1) * alpha_s + (p + chunks - 2) * n_bytes / (chunks * bandwidth_Bps)
+
+
+def double_binary_tree_all_reduce_time(p: int, n_bytes: float, alpha_s: float, bandwidth_Bps: float,
+                                       depth: int, chunks: int) -> float:
+    """NCCL's double binary tree, pipelined in k chunks per tree (N/2 each): up and down the depth-d
+    trees, 2dα, while every rank's links carry 2N (inner in one tree: 2·N/2 from its children, N/2
+    from its parent, 2·N/2 to its children; leaf in the other: N/2 each way), plus a fill of about
+    d chunks: 2dα + (2N/B)(1 + d/(2k)). Holds for p ≥ 4 on equal links (p ≤ 3 has fewer inner nodes)."""
+    if p == 1:
+        return 0.0
+    return 2 * depth * alpha_s + 2 * n_bytes / bandwidth_Bps * (1 + depth / (2 * chunks))
+
+
+def sharded_parameter_server_time(workers: int, servers: int, n_bytes: float, alpha_s: float,
+                                  server_Bps: float, aggregate_Bps: float | None = None,
+                                  colocated: bool = False) -> float:
+    """S servers each own N/S; each server's link carries every other worker's shard in (push) and out
+    (pull): 2(α + W'·(N/S)/B_server) with W' = W − 1 colocated (its own shard stays), W dedicated; the
+    sum reads W' + 1 shards and writes one at ``aggregate_Bps`` (BytePS's CPU summation)."""
+    w = workers - 1 if colocated else workers
+    shard = n_bytes / servers
+    agg = 0.0 if not aggregate_Bps else (w + (1 if colocated else 0) + 1) * shard / aggregate_Bps
+    return 2 * (alpha_s + w * shard / server_Bps) + agg
+
+
+def nvls_all_reduce_time(p: int, n_bytes: float, alpha_s: float, nvls_Bps: float) -> float:
+    """NVLS (NVLink SHARP) all-reduce: every GPU sends and receives N(p + 1)/p through the NVSwitch,
+    pipelined: α + N(p + 1)/(p·B_nvls); busbw = 2(p − 1)/(p + 1)·B_nvls for large N."""
+    if p == 1:
+        return 0.0
+    return alpha_s + n_bytes * (p + 1) / (p * nvls_Bps)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.build import JobInfo, build_job, cost_model_for, topology_for
+from sim.engine.algorithms import comm_config_for, server_nodes
 from sim.engine.collective_workload import CollectiveResult, run_collectives
 from sim.engine.executor import TrainingExecutor
 from sim.engine.timeline import Timeline
@@ -46,8 +47,9 @@ def simulate(scenario, calibration: str | Path | None = None, progress: bool = F
 
     t_wall = time.perf_counter()
     cost = cost_model_for(scenario, calibration)
-    topo = topology_for(scenario, cost)
+    topo = _topology(scenario, cost)
     world = World(topo)
+    world.comm = comm_config_for(scenario, topo)
     with progress_on_stderr(world, progress):
         if scenario.is_collective:
             result = _collective(scenario, world)
@@ -62,6 +64,8 @@ def simulate(scenario, calibration: str | Path | None = None, progress: bool = F
         "collectives": world.collectives_run,
         "spans": len(world.timeline.spans),
     })
+    if world.algorithm_counts:
+        result.summary["collective_algorithms"] = world.algorithm_counts
     report = cost.report()
     result.summary["cost_model"] = report
     if getattr(cost, "name", "") == "calibrated":
@@ -70,11 +74,22 @@ def simulate(scenario, calibration: str | Path | None = None, progress: bool = F
     return result
 
 
+def _topology(scenario, cost):
+    """The cluster's topology, plus one node per dedicated parameter server (after the GPUs' nodes)."""
+    extra = server_nodes(scenario)
+    if not extra:
+        return topology_for(scenario, cost)
+    c = scenario.cluster
+    bigger = scenario.model_copy(update={"cluster": c.model_copy(update={"nodes": c.nodes + extra})})
+    return topology_for(bigger, cost)
+
+
 def _collective(scenario, world: World) -> RunResult:
     m = scenario.model
     gpus = list(range(m.ranks))
     res: list[CollectiveResult] = run_collectives(world, m.op, m.algorithm, gpus, list(m.size_bytes),
-                                                  channels=m.channels, iterations=m.iterations)
+                                                  channels=m.channels, iterations=m.iterations,
+                                                  protocol=m.protocol)
     total = sum(r.time_s for r in res)
     one = len(res) == 1
     summary = {

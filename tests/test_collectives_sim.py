@@ -9,6 +9,7 @@ import pytest
 from sim import analytic as an
 from sim.engine import collectives as coll
 from sim.engine.collective_workload import run_collectives
+from sim.hardware.nccl import base_latency_s
 from tests.helpers import INTER, INTRA, world
 
 A = INTRA.latency_s
@@ -16,9 +17,16 @@ B = INTRA.bandwidth_Bps
 SIZES = [1024, 1 << 20, 1 << 30]
 
 
-def sim_time(op: str, algorithm: str, p: int, n: int, nodes: int = 1, chunks: int = 1, **kw) -> float:
+def L(algorithm: str) -> float:
+    """NCCL's per-collective launch latency with the Simple protocol (tuning.cc baseLatencies)."""
+    return base_latency_s(algorithm, "Simple")
+
+
+def sim_time(op: str, algorithm: str, p: int, n: int, nodes: int = 1, chunks: int | None = 1,
+             protocol: str = "Simple", **kw) -> float:
+    """Simulated time of one collective; Simple protocol unless asked (the test links have one latency)."""
     w = world(nodes, p // nodes, **kw)
-    (r,) = run_collectives(w, op, algorithm, list(range(p)), [n], chunks=chunks)
+    (r,) = run_collectives(w, op, algorithm, list(range(p)), [n], chunks=chunks, protocol=protocol)
     return r.time_s
 
 
@@ -26,7 +34,7 @@ def sim_time(op: str, algorithm: str, p: int, n: int, nodes: int = 1, chunks: in
 @pytest.mark.parametrize("n", SIZES)
 def test_ring_all_reduce_matches_closed_form(p: int, n: int) -> None:
     expect = 2 * (p - 1) * (A + n / (p * B))
-    assert sim_time("all_reduce", "ring", p, n) == pytest.approx(expect, rel=1e-9)
+    assert sim_time("all_reduce", "ring", p, n) == pytest.approx(L("ring") + expect, rel=1e-9)
     assert an.ring_all_reduce_time(p, n, A, B) == pytest.approx(expect, rel=1e-12)
 
 
@@ -34,30 +42,60 @@ def test_ring_all_reduce_matches_closed_form(p: int, n: int) -> None:
 @pytest.mark.parametrize("p", [2, 5, 8])
 def test_ring_rs_ag_closed_form(op: str, p: int) -> None:
     n = 1 << 26
-    assert sim_time(op, "ring", p, n) == pytest.approx((p - 1) * (A + n / (p * B)), rel=1e-9)
+    assert sim_time(op, "ring", p, n) == pytest.approx(L("ring") + (p - 1) * (A + n / (p * B)), rel=1e-9)
 
 
-@pytest.mark.parametrize("p", [2, 4, 8, 6])
-def test_tree_all_reduce_is_binomial_reduce_plus_broadcast(p: int) -> None:
-    n = 1 << 24
-    expect = an.tree_reduce_time(p, n, A, B) + an.tree_broadcast_time(p, n, A, B)
-    assert expect == pytest.approx(2 * math.ceil(math.log2(p)) * (A + n / B))
-    assert sim_time("all_reduce", "tree", p, n) == pytest.approx(expect, rel=1e-9)
+@pytest.mark.parametrize("p", [4, 8, 16])
+@pytest.mark.parametrize("n", [1 << 26, 1 << 30])
+def test_double_binary_tree_all_reduce_reaches_pipelined_closed_form(p: int, n: int) -> None:
+    """NCCL's double binary tree, pipelined: ≈ 2dα + 2N/B (plus a fill of d chunks), not 2d(α + N/B)."""
+    d = coll.btree_depth(p)
+    assert d == math.ceil(math.log2(p))  # NCCL's in-order btree over p ranks
+    k = 64  # NCCL's 512 KiB chunks, capped
+    expect = L("tree") + an.double_binary_tree_all_reduce_time(p, n, A, B, d, k)
+    t = sim_time("all_reduce", "tree", p, n, chunks=None)
+    floor = L("tree") + an.double_binary_tree_all_reduce_time(p, n, A, B, d, 10**9)  # infinitely many chunks
+    assert floor * (1 - 1e-9) <= t <= expect * 1.005
+    assert t < 0.6 * (L("tree") + 2 * d * (A + n / B))  # the unpipelined binomial form is far slower
+    # Bandwidth term 2N/B against the ring's 2(p-1)N/(pB).
+    assert t / sim_time("all_reduce", "ring", p, n) == pytest.approx(p / (p - 1), rel=0.06)
+
+
+def test_tree_beats_ring_for_small_messages_on_many_ranks() -> None:
+    """Latency: 2⌈log2 p⌉ hops against the ring's 2(p-1)."""
+    p, n = 64, 64 * 1024
+    assert sim_time("all_reduce", "tree", p, n, nodes=8, chunks=None) < 0.5 * sim_time("all_reduce", "ring", p, n,
+                                                                                         nodes=8)
 
 
 @pytest.mark.parametrize("op", ["broadcast", "reduce"])
-@pytest.mark.parametrize("chunks", [1, 4, 16])
+@pytest.mark.parametrize("chunks", [1, 4, 16, 64])
 def test_pipelined_chain_closed_form(op: str, chunks: int) -> None:
     p, n = 8, 1 << 26
-    expect = an.pipelined_chain_broadcast_time(p, n, A, B, chunks)
-    assert expect == pytest.approx((p - 1 + chunks - 1) * (A + n / chunks / B))
-    assert sim_time(op, "chain", p, n, chunks=chunks) == pytest.approx(expect, rel=1e-9)
+    expect = an.pipelined_chain_time(p, n, A, B, chunks)
+    assert expect == pytest.approx((p - 1) * A + (p - 1 + chunks - 1) * n / chunks / B)
+    assert sim_time(op, "chain", p, n, chunks=chunks) == pytest.approx(L("chain") + expect, rel=1e-9)
+
+
+def test_chain_broadcast_100MB_over_edr_is_pipelined() -> None:
+    """The issue's case: 8 ranks, 100 MB over EDR: ≈ (p-1)α + N/B with NCCL's chunks, not 7(α + N/B)."""
+    from sim.engine.world import World
+    from sim.hardware.links import INTER_PRESETS
+    from sim.hardware.topology import Topology
+
+    edr = INTER_PRESETS["edr"]
+    w = World(Topology(8, 1, INTRA, edr, 1))
+    n = 100e6
+    (r,) = run_collectives(w, "broadcast", "chain", list(range(8)), [int(n)], protocol="Simple")
+    pipelined = L("chain") + 7 * edr.latency_s + n / edr.bandwidth_Bps
+    assert r.time_s == pytest.approx(pipelined, rel=0.12)  # 64 chunks: fill (p-2)/k = 9 % of N/B
+    assert r.time_s < 0.2 * 7 * (edr.latency_s + n / edr.bandwidth_Bps)
 
 
 @pytest.mark.parametrize("op", ["broadcast", "reduce"])
 def test_binomial_tree_closed_form(op: str) -> None:
     p, n = 8, 1 << 26
-    assert sim_time(op, "binomial", p, n) == pytest.approx(3 * (A + n / B), rel=1e-9)
+    assert sim_time(op, "binomial", p, n) == pytest.approx(L("binomial") + 3 * (A + n / B), rel=1e-9)
 
 
 def test_parameter_server_root_link_is_shared() -> None:
@@ -65,22 +103,23 @@ def test_parameter_server_root_link_is_shared() -> None:
     p, n = 8, 1 << 26
     expect = an.parameter_server_time(p, n, A, B)
     assert expect == pytest.approx(2 * (A + (p - 1) * n / B))
-    assert sim_time("all_reduce", "ps", p, n) == pytest.approx(expect, rel=1e-9)
+    assert sim_time("all_reduce", "ps", p, n) == pytest.approx(L("ps") + expect, rel=1e-9)
     # One-way variants.
-    assert sim_time("broadcast", "ps", p, n) == pytest.approx(A + (p - 1) * n / B, rel=1e-9)
+    assert sim_time("broadcast", "ps", p, n) == pytest.approx(L("ps") + A + (p - 1) * n / B, rel=1e-9)
 
 
 def test_hierarchical_all_reduce_closed_form() -> None:
     nodes, g, n = 4, 4, 1 << 26
     expect = an.hierarchical_all_reduce_time(nodes, g, n, A, B, INTER.latency_s, INTER.bandwidth_Bps)
-    assert sim_time("all_reduce", "hierarchical", nodes * g, n, nodes=nodes) == pytest.approx(expect, rel=1e-9)
+    assert sim_time("all_reduce", "hierarchical", nodes * g, n, nodes=nodes) == pytest.approx(
+        L("hierarchical") + expect, rel=1e-9)
 
 
 def test_all_to_all_and_send_recv() -> None:
     p, n = 8, 1 << 24
     # Each GPU's uplink carries p-1 flows of N/p: each gets B/(p-1).
-    assert sim_time("all_to_all", "direct", p, n) == pytest.approx(A + (p - 1) * n / p / B, rel=1e-9)
-    assert sim_time("send_recv", "direct", 2, n) == pytest.approx(an.send_recv_time(n, A, B), rel=1e-9)
+    assert sim_time("all_to_all", "direct", p, n) == pytest.approx(L("direct") + A + (p - 1) * n / p / B, rel=1e-9)
+    assert sim_time("send_recv", "direct", 2, n) == pytest.approx(L("direct") + an.send_recv_time(n, A, B), rel=1e-9)
 
 
 def test_busbw_follows_nccl_tests_definition() -> None:
@@ -158,3 +197,35 @@ def test_late_rank_delays_everyone() -> None:
     w.env.run()
     assert run.end_s > 0.01
     assert run.end_s == pytest.approx(0.01 + 2 * 3 * (A + (1 << 20) / 4 / B), rel=0.5)
+
+
+def test_protocols_follow_nccl_latency_and_bandwidth() -> None:
+    """LL halves the bandwidth but cuts the hop latency (NCCL hwLatencies NVLink ring: 0.6 vs 3.4 µs)."""
+    from sim.engine.world import World
+    from sim.hardware.links import INTRA_PRESETS
+    from sim.hardware.topology import Topology
+
+    nvl = INTRA_PRESETS["nvlink3"]
+
+    def t(n: int, proto: str) -> float:
+        w = World(Topology(1, 8, nvl, INTER, 8))
+        (r,) = run_collectives(w, "all_reduce", "ring", list(range(8)), [n], protocol=proto)
+        return r.time_s
+
+    for proto, a_us, frac in (("LL", 0.6, 0.5), ("LL128", 1.9, 0.92), ("Simple", 3.4, 1.0)):
+        n = 1 << 20
+        expect = base_latency_s("ring", proto) + 14 * (a_us * 1e-6 + n / 8 / (nvl.bandwidth_Bps * frac))
+        assert t(n, proto) == pytest.approx(expect, rel=1e-9)
+    assert t(1024, "LL") < t(1024, "Simple")
+    assert t(1 << 30, "Simple") < t(1 << 30, "LL")
+
+
+def test_hierarchical_sharp_all_reduce_closed_form() -> None:
+    """Intra-node ring RS, then the switches reduce every rank's N/g shard (one trip up and down its
+    NIC, α + (N/g)/B), then intra-node ring AG: half the inter-node bytes of the ring phase it replaces."""
+    nodes, g, n = 4, 4, 1 << 26
+    intra = an.ring_reduce_scatter_time(g, n, A, B)
+    expect = L("hierarchical_sharp") + 2 * intra + 30e-6 + n / g / INTER.bandwidth_Bps  # CollNet hop: 30 µs
+    t = sim_time("all_reduce", "hierarchical_sharp", nodes * g, n, nodes=nodes)
+    assert t == pytest.approx(expect, rel=1e-9)
+    assert t < sim_time("all_reduce", "hierarchical", nodes * g, n, nodes=nodes)

@@ -18,6 +18,7 @@ import math
 import simpy
 
 from sim.engine import collectives as coll
+from sim.engine.algorithms import CommConfig, algorithm_pairs, choose
 from sim.engine.job import Block, TrainingJob
 from sim.engine.timeline import (
     BACKWARD,
@@ -72,6 +73,8 @@ class TrainingExecutor:
         self._cache: dict[tuple, float] = {}
         self._link_cache: dict[tuple, set[int]] = {}
         self._mirrors: dict[tuple, list] = {}
+        self.comm = world.comm or CommConfig()
+        self._choices: dict = {}
         self._binding = self._binding_links() if symmetric else set()
         self._cacheable = self._cacheable_kinds()
         self.last_loss_scale: list[dict] = []
@@ -119,12 +122,21 @@ class TrainingExecutor:
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
 
     def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
-        """Routes a ring over ``group`` may use (every channel's NIC choice included)."""
+        """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
+        neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
+        symmetry analysis exact)."""
         topo = self.world.topology
-        nics = topo.group_nics(group)
+        servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
+        members = group + servers
+        nics = topo.group_nics(members)
         channels = max((len(v) for v in nics.values()), default=1)
         routes: list[tuple[int, ...]] = []
-        for a, b in zip(group, group[1:] + group[:1], strict=True):
+        by: dict[int, list[int]] = {}
+        for i, x in enumerate(group):
+            by.setdefault(topo.node_of(x), []).append(i)
+        pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        for ia, ib in pairs:
+            a, b = members[ia], members[ib]
             if a == b:
                 continue
             na, nb = topo.node_of(a), topo.node_of(b)
@@ -230,6 +242,20 @@ class TrainingExecutor:
                     if tuple(grp) not in seen and self._links_of(grp) & links:
                         seen.add(tuple(grp))
                         out.append(grp)
+                # Groups crossing the links of g's other collective (e.g. the TP pairs of g's DP peers
+                # on the DP tree's links): a tree or a server is not gated step by step like a ring,
+                # so the peers' own traffic must be there, not only g's.
+                other = self._group(g, "dp" if kind == "tp" else "tp")
+                if kind in ("tp", "dp") and len(other) > 1:
+                    other_links = self._links_of(other)
+                    stage = self.layout.coords(g)[2]
+                    for x in range(self.layout.world_size):
+                        if x == g or self.layout.coords(x)[2] != stage:
+                            continue
+                        grp = self._group(x, kind)
+                        if tuple(grp) not in seen and self._links_of(grp) & other_links:
+                            seen.add(tuple(grp))
+                            out.append(grp)
             self._mirrors[key] = out
         return out
 
@@ -246,33 +272,62 @@ class TrainingExecutor:
         return out
 
     # ---- collectives -----------------------------------------------------------------------------
-    def _collective(self, g: int, kind: str, op: str, size_bytes: float, algorithm: str = "ring"):
-        """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done."""
+    def _collective(self, g: int, kind: str, op: str, size_bytes: float):
+        """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done,
+        with the label of the algorithm (and protocol) the tuner or the scenario chose."""
         group = self._group(g, kind)
         p = len(group)
         if p == 1 or size_bytes <= 0:
-            return
+            return None
         world = self.world
-        factory = lambda: coll.build(op, algorithm, p, size_bytes)  # noqa: E731
+        cfg = self.comm
+        choice = choose(op, kind, size_bytes, world.topology, group, cfg, self._choices)
+        alg = choice.algorithm
+        servers = list(cfg.server_gpus) if alg == "ps" and cfg.server_gpus else []
+        members = group + servers
+        rbn = self._ranks_by_node(group)
+        factory = lambda: coll.build(op, alg, p, size_bytes, ranks_by_node=rbn,  # noqa: E731
+                                     servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps,
+                                     dedicated=bool(servers))
+        proto, launch = choice.protocol, choice.launch_s
         if not self.symmetric:
-            run = world.collective((kind, tuple(group), op), g, factory, group)
+            if g == group[0]:
+                world.count_algorithm(f"{kind}:{op}", choice.label)
+            run = world.collective((kind, tuple(group), op), g, factory, members, None, proto, launch)
+            for i in range(p, len(members)):
+                if not run.arrived[i]:
+                    run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
-            return
+            return choice.label
+        # One representative per stage stands for every group of this kind at its stage (a model-parallel
+        # group spans the stages: counted once, by stage 0's representative).
+        if kind != "mp":
+            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // (self.job.pp * p))
+        elif self.layout.coords(g)[2] == 0:
+            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // p)
         if kind in self._cacheable:
             key = (kind, op, size_bytes, tuple(group))
             dur = self._cache.get(key)
             if dur is not None:
                 yield self.env.timeout(dur)
-                return
+                return choice.label
             t0 = self.env.now
-            yield world.run_collective_alone(factory(), group).join_all()
+            yield world.run_collective_alone(factory(), members, None, proto, launch).join_all()
             self._cache[key] = self.env.now - t0
-            return
-        mine = world.run_collective_alone(factory(), group)
+            return choice.label
+        mine = world.run_collective_alone(factory(), members, None, proto, launch)
         if kind in ("tp", "dp"):
             for mg in self._mirror_groups(g, kind):
-                world.run_collective_alone(factory(), mg).join_all()
+                world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
         yield mine.join_all()
+        return choice.label
+
+    def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
+        topo = self.world.topology
+        by: dict[int, list[int]] = {}
+        for i, x in enumerate(group):
+            by.setdefault(topo.node_of(x), []).append(i)
+        return list(by.values())
 
     def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
         """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival."""
@@ -324,13 +379,13 @@ class TrainingExecutor:
         self.world.span(g, STREAM_COMM, "embedding grads all_reduce", COMM_EMB, start,
                         {"bytes": job.embedding_sync_bytes, "op": "all_reduce", "step": step})
 
-    def _cross_stage(self, g: int, kind: str, size_bytes: float, step: int, algorithm: str = "ring"):
+    def _cross_stage(self, g: int, kind: str, size_bytes: float, step: int):
         """An all-reduce over a group spanning pipeline stages ("emb", "mp"). Every GPU simulated: the
         usual rendezvous. With symmetry, each stage's representative stands for its own stage only, so
         they rendezvous here: the first to be listed runs the collective once all have arrived (with
         the same-node mirrors' own groups alongside, since they may share the NICs), the others wait."""
         if not self.symmetric:
-            yield from self._collective(g, kind, "all_reduce", size_bytes, algorithm)
+            yield from self._collective(g, kind, "all_reduce", size_bytes)
             return
         group = self._group(g, kind)
         members = [x for x in group if x in self._simulated]
@@ -341,15 +396,23 @@ class TrainingExecutor:
             yield done
             return
         yield self.env.all_of([self._event(("arrive", *tag, x)) for x in members])
-        p = len(group)
-        mine = self.world.run_collective_alone(coll.build("all_reduce", algorithm, p, size_bytes), group)
+        world, p = self.world, len(group)
+        choice = choose("all_reduce", kind, size_bytes, world.topology, group, self.comm, self._choices)
+        groups = self.job.dp * self.job.tp if kind == "emb" else self.layout.world_size // p
+        world.count_algorithm(f"{kind}:all_reduce", choice.label, groups)
+
+        def run(grp: list[int]):
+            dag = coll.build("all_reduce", choice.algorithm, p, size_bytes, ranks_by_node=self._ranks_by_node(grp))
+            return world.run_collective_alone(dag, grp, None, choice.protocol, choice.launch_s).join_all()
+
+        mine = run(group)
         seen = {tuple(group)}
         for x in self._same_place(g):
             other = self._group(x, kind)
             if tuple(other) not in seen:
                 seen.add(tuple(other))
-                self.world.run_collective_alone(coll.build("all_reduce", algorithm, p, size_bytes), other).join_all()
-        yield mine.join_all()
+                run(other)
+        yield mine
         done.succeed()
 
     # ---- compute ---------------------------------------------------------------------------------
@@ -518,10 +581,11 @@ class TrainingExecutor:
         def body():
             start = env.now
             self._comm_begin(g)
-            yield from self._collective(g, "dp", op, size_bytes)
+            alg = yield from self._collective(g, "dp", op, size_bytes)
             self._comm_end(g)
             if env.now > start:
-                world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start, {"bytes": size_bytes, "op": op, "step": step})
+                world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start,
+                           {"bytes": size_bytes, "op": op, "step": step, "algorithm": alg})
             return None
 
         return self._stream(g, STREAM_DP).submit(body)
@@ -552,10 +616,11 @@ class TrainingExecutor:
         def body():
             start = env.now
             self._comm_begin(g)
-            yield from self._collective(g, "dp", "all_gather", size_bytes)
+            alg = yield from self._collective(g, "dp", "all_gather", size_bytes)
             self._comm_end(g)
             if env.now > start:
-                world.span(g, STREAM_DP, "all_gather params", COMM_DP, start, {"bytes": size_bytes, "op": "all_gather"})
+                world.span(g, STREAM_DP, "all_gather params", COMM_DP, start,
+                           {"bytes": size_bytes, "op": "all_gather", "algorithm": alg})
             return None
 
         return self._stream(g, STREAM_DP).submit(body)
@@ -589,10 +654,10 @@ class TrainingExecutor:
             start = env.now
             # The squared norm is summed over the model-parallel group (and over data-parallel ranks
             # when ZeRO shards the gradients or the optimizer: Megatron's distributed optimizer).
-            # A 4-byte all-reduce: NCCL picks its tree for messages this small (latency-bound).
-            yield from self._cross_stage(g, "mp", 4.0, step, "tree")
+            # A 4-byte all-reduce: the tuner picks what NCCL would for so small a message.
+            yield from self._cross_stage(g, "mp", 4.0, step)
             if job.zero >= 1:
-                yield from self._collective(g, "dp", "all_reduce", 4.0, "tree")
+                yield from self._collective(g, "dp", "all_reduce", 4.0)
             if env.now > start:
                 world.span(g, STREAM_COMM, "grad norm all_reduce", COMM_CLIP, start, {"bytes": 4.0, "op": "all_reduce"})
         yield from self._blocks(g, (job.optimizer,), OPTIMIZER, {"step": step}, "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import simpy
 
-from sim.engine.collectives import DAG, CollectiveRun, RingSpec, make_run
+from sim.engine.collectives import CollectiveRun, Spec, make_run
 from sim.engine.network import Network
 from sim.engine.timeline import Span, Timeline
 from sim.hardware.topology import Topology
@@ -49,9 +49,12 @@ class World:
         self._seq: dict[tuple, int] = {}
         self.compute_events = 0
         self.collectives_run = 0
+        self.comm = None  # sim.engine.algorithms.CommConfig: how collectives choose their algorithm
+        self.algorithm_counts: dict[str, dict[str, int]] = {}  # op → algorithm/protocol → collectives
 
     # ---- collectives -----------------------------------------------------------------------------
-    def collective(self, key: tuple, gpu: int, dag_factory, gpus: list[int], channels: int | None = None) -> CollectiveRun:
+    def collective(self, key: tuple, gpu: int, dag_factory, gpus: list[int], channels: int | None = None,
+                   protocol: str = "Simple", launch_s: float = 0.0) -> CollectiveRun:
         """The collective instance that ``gpu`` joins next on group ``key`` (created by the first
         member to arrive; members issue collectives on a group in the same order, as NCCL requires)."""
         seq_key = (key, gpu)
@@ -60,18 +63,24 @@ class World:
         inst_key = (key, n)
         run = self._collectives.get(inst_key)
         if run is None:
-            run = make_run(self, dag_factory(), gpus, channels)
+            run = make_run(self, dag_factory(), gpus, channels, protocol, launch_s)
             self._collectives[inst_key] = run
             self.collectives_run += 1
-        if all(run.joined[i] or gpus[i] == gpu for i in range(run.p)):
+        if all(run.arrived[i] or gpus[i] == gpu for i in range(run.p)):
             self._collectives.pop(inst_key, None)  # last member: forget it
         return run
 
-    def run_collective_alone(self, dag: DAG | RingSpec, gpus: list[int], channels: int | None = None) -> CollectiveRun:
+    def run_collective_alone(self, dag: Spec, gpus: list[int], channels: int | None = None,
+                             protocol: str = "Simple", launch_s: float = 0.0) -> CollectiveRun:
         """A collective all of whose members arrive together (symmetric mirrors, benchmarks)."""
-        run = make_run(self, dag, gpus, channels)
+        run = make_run(self, dag, gpus, channels, protocol, launch_s)
         self.collectives_run += 1
         return run
+
+    def count_algorithm(self, op: str, name: str, n: int = 1) -> None:
+        """Tally which algorithm a collective used (summary ``collective_algorithms``)."""
+        per = self.algorithm_counts.setdefault(op, {})
+        per[name] = per.get(name, 0) + n
 
     def span(self, gpu: int, stream: str, name: str, category: str, start_s: float, args: dict | None = None) -> None:
         self.timeline.add(Span(gpu, stream, name, category, start_s, self.env.now - start_s, args or {}))

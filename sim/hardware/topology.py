@@ -47,6 +47,7 @@ class Topology:
         self.gpus_per_node = gpus_per_node
         self.nics_per_node = nics_per_node
         self.num_gpus = nodes * gpus_per_node
+        self.intra_link, self.inter_link = intra, inter  # NCCL protocol latencies (sim.engine.collectives)
         intra_lat, intra_bw = intra_override or (intra.latency_s, intra.bandwidth_Bps)
         inter_lat, inter_bw = inter_override or (inter.latency_s, inter.bandwidth_Bps)
         self.intra_latency_s, self.intra_bw_Bps = intra_lat, intra_bw

@@ -38,7 +38,7 @@ COLLECTIVE_OPS = (
 # rooted ops), "hierarchical" = an intra-node phase around an inter-node one (needs whole nodes).
 # Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
 COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "ps"),
+    "all_reduce": ("ring", "tree", "hierarchical", "ps", "nvls", "hierarchical_sharp"),
     "reduce_scatter": ("ring",),
     "all_gather": ("ring",),
     "broadcast": ("chain", "binomial", "ps"),
@@ -46,7 +46,9 @@ COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_to_all": ("direct",),
     "send_recv": ("direct",),
 }
-ALGORITHMS = ("ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct", "nvls",
+              "hierarchical_sharp")
+DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 
 
@@ -227,6 +229,11 @@ class Cluster(_Strict):
     stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1, le=MAX_SLOWDOWN)]] = Field(
         default_factory=dict,
         description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
+    )
+    in_network_reduction: bool = Field(
+        False,
+        description="reduce in the switches where the hardware can: NVLink SHARP (NVLS) inside a node "
+        "with nvlink4/nvlink5, InfiniBand SHARP across nodes on hdr/ndr/xdr",
     )
 
     @model_validator(mode="before")
@@ -423,8 +430,12 @@ class CollectiveModel(_Strict):
         description='total buffer size: bytes, "256MB", "1GiB", or a list of them (one run per size)',
     )
     algorithm: Literal[ALGORITHMS] = Field(  # type: ignore[valid-type]
-        description="all_reduce: ring|tree|hierarchical|ps; reduce/broadcast: chain|binomial|ps; "
-        "all_gather/reduce_scatter: ring; all_to_all/send_recv: direct. Default: the first"
+        description="auto (NCCL's tuner: algorithm and protocol by size and group shape), or all_reduce: "
+        "ring|tree (double binary tree)|hierarchical|ps|nvls|hierarchical_sharp; reduce/broadcast: "
+        "chain|binomial|ps; all_gather/reduce_scatter: ring; all_to_all/send_recv: direct. Default: the first"
+    )
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
+        "auto", description="NCCL protocol; auto = the fastest by NCCL's latency/bandwidth model"
     )
     channels: int | None = Field(
         None, ge=1, description="parallel channels; null = the engine's NCCL-like default"
@@ -450,7 +461,7 @@ class CollectiveModel(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> CollectiveModel:
         allowed = COLLECTIVE_ALGORITHMS[self.op]
-        if self.algorithm not in allowed:
+        if self.algorithm not in allowed and self.algorithm != "auto":
             raise RuleError(
                 "algorithm",
                 show(self.algorithm),
@@ -674,9 +685,44 @@ class Parallel(_Strict):
         description="overlap the gradient all-reduce with the backward pass; default: what "
         "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
     )
+    dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "
+        "(double binary tree), hierarchical (intra-node RS, inter-node AR, intra-node AG; SHARP with "
+        "in_network_reduction), parameter_server",
+    )
+    parameter_servers: int = Field(
+        1, ge=1, description="parameter_server: how many servers (sharded, BytePS-style, when > 1)"
+    )
+    parameter_server_placement: Literal["colocated", "dedicated"] = Field(
+        "colocated", description="parameter_server: colocated (on worker nodes) or dedicated (extra CPU nodes)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Parallel:
+        if self.dp_algorithm != "parameter_server" and (
+            self.parameter_servers != 1 or self.parameter_server_placement != "colocated"
+        ):
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"parameter servers apply to dp_algorithm: parameter_server, not {self.dp_algorithm}",
+                "set dp_algorithm: parameter_server or remove parameter_servers/parameter_server_placement",
+            )
+        if self.parameter_server_placement == "colocated" and self.parameter_servers > self.data:
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"colocated servers sit on the {self.data} data-parallel workers, at most one each",
+                f"use parameter_servers: {self.data} or parameter_server_placement: dedicated",
+            )
+        if self.dp_algorithm == "parameter_server" and self.zero:
+            raise RuleError(
+                "dp_algorithm",
+                show(self.dp_algorithm),
+                f"a parameter server syncs whole gradients (all-reduce), ZeRO {self.zero} shards them",
+                "use zero: 0 or another dp_algorithm",
+            )
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise RuleError(
                 "virtual_stages",
@@ -1161,12 +1207,35 @@ def _collective(sc: Scenario) -> None:
             f"more ranks than GPUs ({c.nodes}×{c.gpus_per_node} = {c.total_gpus})",
             f"use ranks ≤ {c.total_gpus} (or null for all), or more nodes",
         )
-    if m.algorithm == "hierarchical" and m.ranks > c.gpus_per_node and m.ranks % c.gpus_per_node:
+    if m.algorithm in ("hierarchical", "hierarchical_sharp") and m.ranks > c.gpus_per_node and (
+        m.ranks % c.gpus_per_node
+    ):
         raise RuleError(
             "model.ranks",
             show(m.ranks),
-            f"hierarchical needs whole nodes: ranks must be a multiple of gpus_per_node = {c.gpus_per_node}",
+            f"{m.algorithm} needs whole nodes: ranks must be a multiple of gpus_per_node = {c.gpus_per_node}",
             f"use ranks: {m.ranks // c.gpus_per_node * c.gpus_per_node}, or another algorithm",
+        )
+    if m.algorithm == "nvls" and m.ranks > c.gpus_per_node:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"NVLS reduces inside one node's NVSwitch; {m.ranks} ranks span {-(-m.ranks // c.gpus_per_node)} nodes",
+            f"use ranks ≤ {c.gpus_per_node}, or algorithm: hierarchical_sharp / auto",
+        )
+    if m.algorithm == "hierarchical_sharp" and not c.inter_node.sharp:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"the inter-node link {c.inter_node.name} does not reduce in the network (hdr, ndr, xdr do)",
+            "use inter_node: hdr, or algorithm: hierarchical",
+        )
+    if m.algorithm == "nvls" and c.intra_node.nvls_efficiency is None:
+        raise RuleError(
+            "model.algorithm",
+            show(m.algorithm),
+            f"the intra-node link {c.intra_node.name} has no NVLink SHARP (nvlink4 and nvlink5 do)",
+            "use intra_node: nvlink4, or another algorithm",
         )
 
 

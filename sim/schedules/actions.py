@@ -69,18 +69,23 @@ def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Action]:
     return acts
 
 
-def _deferred_w(m: int, warm: int, defer: int) -> list[Action]:
-    """``warm`` forwards, then F (while any remain), B, and — once more than ``defer`` W's are
-    pending — the oldest pending W; the still-pending W's close the step."""
+def _deferred_w(m: int, warm: int, defer: int, backward_first: bool = False) -> list[Action]:
+    """``warm`` forwards, then per micro-batch F (while any remain) and B — B first with
+    ``backward_first``, so no more than ``warm`` micro-batches are ever in flight — and, once more
+    than ``defer`` W's are pending, the oldest pending W; the still-pending W's close the step."""
     acts = [Action("F", i) for i in range(warm)]
     pending: list[int] = []
     f = warm
     for b in range(m):
+        if backward_first:
+            acts.append(Action("B", b))
+            pending.append(b)
         if f < m:
             acts.append(Action("F", f))
             f += 1
-        acts.append(Action("B", b))
-        pending.append(b)
+        if not backward_first:
+            acts.append(Action("B", b))
+            pending.append(b)
         if len(pending) > defer:
             acts.append(Action("W", pending.pop(0)))
     acts.extend(Action("W", i) for i in pending)
@@ -96,10 +101,13 @@ def zero_bubble_h1(p: int, m: int, stage: int) -> list[Action]:
 
 
 def zero_bubble_h2(p: int, m: int, stage: int) -> list[Action]:
-    """ZB-H2: 2(p-s)-1 warm-up forwards (the first stage holds 2p-1 micro-batches) fill the warm-up
-    bubble, and stage s keeps 2s W's pending to fill the drain. Bubble (p-1)(T_F + T_B - 2T_W) when
-    T_F + T_B > 2T_W (with T_F + T_B ≤ 2T_W about (p-1)·T_W remains)."""
-    return _deferred_w(m, min(2 * (p - stage) - 1, m), 2 * stage)
+    """ZB-H2 (Qi et al. 2023, §3.1): 2(p-s)-1 warm-up forwards fill the warm-up bubble — exactly the
+    slots before the first B comes back, so stage s holds 2(p-s)-1 micro-batches (2p-1 on the first)
+    — then B, F and the oldest W in turn, and stage s keeps 2s W's pending to fill the drain. Each stage
+    runs as a parallelogram: with the optimizer sync removed (the paper's post-validation; dtsim has no
+    barrier between steps) the bubble per iteration is (p-1)(T_F + T_B - 2T_W), 0 when T_F + T_B ≤ 2T_W.
+    A single isolated step still shows the last stage's (p-1)·T_F start."""
+    return _deferred_w(m, min(2 * (p - stage) - 1, m), 2 * stage, backward_first=True)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")

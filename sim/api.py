@@ -122,6 +122,10 @@ def _training(scenario, world: World, cost) -> RunResult:
                            "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
     _memory_summary(summary, scenario, info, world.timeline)
     _cost_summary(summary, scenario)
+    if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)
+        from sim.run.goodput import reliability_summary
+
+        summary["reliability"] = reliability_summary(scenario, summary, info.params_total)
     if info.loss_scale:
         summary["loss_scale"] = info.loss_scale
         summary["skipped_steps"] = sum(1 for r in info.loss_scale if r["skipped"])

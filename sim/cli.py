@@ -73,6 +73,17 @@ def summary_table(summary: dict) -> str:
     if "time_to_train_days" in summary:
         rows.append(("time to train", f"{summary['time_to_train_days']:.2f} days, "
                                       f"${summary['cost_to_train_usd']:,.0f}, {summary['energy_to_train_MWh']:.1f} MWh"))
+    rel = summary.get("reliability")
+    if rel:
+        mc = rel.get("monte_carlo")
+        mc_txt = (f"; Monte-Carlo {mc['wall_s'] / 86400:.2f} ± {mc['wall_ci95_s'] / 86400:.2f} days"
+                  if mc else "")
+        rows.append(("with failures", f"{rel['expected_time_to_train_days']:.2f} days, goodput "
+                                      f"{rel['goodput']:.1%}, ${rel['effective_cost_usd']:,.0f}{mc_txt}"))
+        rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({_fmt_time(rel['interval_s'])}; "
+                                    f"optimum {_fmt_time(rel['optimal_interval_s'])}), "
+                                    f"{_fmt_time(rel['checkpoint_blocking_s'])} each; job MTBF "
+                                    f"{rel['job_mtbf_hours']:.2f} h"))
     if summary.get("skipped_steps"):
         rows.append(("loss scaling", f"{summary['skipped_steps']} step(s) skipped on overflow"))
     return "\n".join(f"{k:<22} {v}" for k, v in rows)

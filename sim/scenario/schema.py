@@ -782,6 +782,51 @@ class Simulation(_Strict):
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
+# ------------------------------------------------------------------------------------- reliability
+
+
+class CheckpointPolicy(_Strict):
+    """How often and how fast the training state is saved (sets the checkpoint overhead and lost work)."""
+
+    model_config = ConfigDict(**_Strict.model_config, validate_by_name=True, serialize_by_alias=True)
+
+    interval: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        "auto", description="training steps between checkpoints, or auto = Young/Daly optimum"
+    )
+    write_GBps: float = Field(
+        gt=0, description="aggregate storage write bandwidth for the checkpoint, GB/s (1e9 bytes)"
+    )
+    async_: bool = Field(
+        False,
+        alias="async",
+        description="asynchronous checkpoint: training blocks only for the device→host snapshot; the "
+        "storage write runs in the background and is lost if a failure strikes before it ends",
+    )
+    snapshot_GBps: float | None = Field(
+        None,
+        gt=0,
+        description="async: device→host copy bandwidth per GPU, GB/s; default the pcie4 link preset "
+        "(31.5 GB/s × 0.8 efficiency)",
+    )
+
+
+class Reliability(_Strict):
+    """Failures over the whole run: MTBFs, checkpoints and restarts → goodput and expected time to train."""
+
+    gpu_mtbf_hours: float = Field(gt=0, description="mean time between failures of one GPU, hours")
+    node_mtbf_hours: float | None = Field(
+        None, gt=0, description="per node (host, PSU, NVSwitch…), hours; null = not counted"
+    )
+    link_mtbf_hours: float | None = Field(
+        None, gt=0, description="per inter-node link (NIC, cable, switch port), hours; null = not counted"
+    )
+    checkpoint: CheckpointPolicy = Field(description="{interval, write_GBps, async, snapshot_GBps}")
+    restart_s: float = Field(ge=0, description="detect + reschedule + reload after a failure, seconds")
+    monte_carlo_trials: int = Field(
+        200, ge=0, description="seeded Monte-Carlo runs of the whole training (0 = closed forms only)"
+    )
+
+
 # ---------------------------------------------------------------------------------------- scenario
 
 
@@ -803,6 +848,9 @@ class Scenario(_Strict):
         None, description="batch, precision, optimizer; required except for collective models"
     )
     simulation: Simulation = Field(Simulation(), description="simulation settings")
+    reliability: Reliability | None = Field(
+        None, description="failures, checkpoints and restarts over the whole run (goodput); null = none"
+    )
     calibration: str | None = Field(
         None,
         description="calibration profile JSON; relative to the scenario's folder, then the working directory",
@@ -899,7 +947,15 @@ class Scenario(_Strict):
 
     def resolved(self) -> dict[str, Any]:
         """Presets expanded, defaults filled: validates back to an equal Scenario."""
-        return self.model_dump(mode="python")
+        data = self.model_dump(mode="python")
+        for key in OPTIONAL_SECTIONS:  # absent optional sections stay absent (older resolved files unchanged)
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+# Top-level sections that are left out of the resolved form when not given.
+OPTIONAL_SECTIONS = ("reliability",)
 
 
 # ------------------------------------------------------------------------------ cross-section rules
@@ -1094,4 +1150,18 @@ def _symmetry(sc: Scenario) -> None:
         )
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _tensor, _batch, _precision, _tokens, _collective, _symmetry)
+def _reliability(sc: Scenario) -> None:
+    r, t = sc.reliability, sc.training
+    if r is None:
+        return
+    if sc.is_collective or t is None:
+        raise RuleError("reliability", "(given)", "failures and checkpoints apply to training runs",
+                        "remove reliability, or simulate a training model")
+    if t.tokens is None and t.train_steps is None:
+        raise RuleError("reliability", "(given)",
+                        "goodput and expected time to train need the run's length",
+                        "set training.tokens (transformers) or training.train_steps")
+
+
+SCENARIO_RULES = (_sections, _layout, _stages, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
+                  _reliability)

@@ -424,6 +424,12 @@ class TransformerModel(_Strict):
         exclude=True,
         description="start from this MODEL_PRESETS entry; other keys override it (input only)",
     )
+    hf_config: str | None = Field(
+        None,
+        exclude=True,
+        description="a Hugging Face config.json (or its folder), relative to the scenario's folder; its "
+        "dimensions fill the model, other keys override them (input only)",
+    )
     name: str | None = Field(None, description="the preset this model came from (a record)")
     layers: int = Field(ge=1, description="transformer blocks")
     hidden: int = Field(ge=1, description="model width (d_model)")
@@ -445,10 +451,12 @@ class TransformerModel(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _defaults(cls, data: Any) -> Any:
+    def _defaults(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict):
             return data
-        data = _strip_none(data, "ffn_hidden", "kv_heads", "preset", "name")
+        data = _strip_none(data, "ffn_hidden", "kv_heads", "preset", "name", "hf_config")
+        if isinstance(data.get("hf_config"), str):
+            data = _from_hf_config(data, (info.context or {}).get("base_dir"))
         if isinstance(data.get("preset"), str):
             presets = model_presets()
             key = lookup("transformer model", data["preset"], list(presets))
@@ -495,8 +503,32 @@ class TransformerModel(_Strict):
 
 
 _DIM_FIELDS = tuple(
-    f for f in TransformerModel.model_fields if f not in ("kind", "preset", "name", "attention")
+    f for f in TransformerModel.model_fields if f not in ("kind", "preset", "hf_config", "name", "attention")
 )
+
+
+def _from_hf_config(data: dict[str, Any], base: Any) -> dict[str, Any]:
+    """``hf_config: path`` → the file's dimensions, under the keys given beside it."""
+    from sim.workload.hf_config import HFConfigError, read_hf_config
+
+    if "preset" in data:
+        raise RuleError("hf_config", show(data["hf_config"]), "give either preset or hf_config, not both",
+                        "remove one of them")
+    given = Path(data["hf_config"]).expanduser()
+    candidates = [given] if given.is_absolute() else (
+        ([Path(base) / given] if base is not None else []) + [Path.cwd() / given])
+    path = next((c for c in candidates if c.exists()), candidates[0])
+    try:
+        fields = read_hf_config(path)
+    except HFConfigError as e:
+        where = f" in {path}" if e.key != "hf_config" else ""
+        raise RuleError("hf_config", f"{e.key} = {e.value}{where}", e.rule, e.fix) from None
+    if "experts" in fields:
+        raise RuleError("hf_config", f"num_local_experts = {fields['experts']} in {path}",
+                        "mixture-of-experts models are not simulated yet",
+                        "describe a dense model, or remove the experts from the config")
+    rest = {k: v for k, v in data.items() if k != "hf_config"}
+    return {**fields, **rest}
 
 
 class LayerSpec(_Strict):
@@ -591,9 +623,12 @@ PRESET_SUPPLIED = {
 
 
 def model_from(value: Any) -> Any:
-    """A bare string names a transformer preset; mappings pass through to the discriminated union."""
+    """A bare string names a transformer preset; {hf_config: path} is a transformer; other mappings pass
+    through to the discriminated union."""
     if isinstance(value, str):
         return {"kind": "transformer", "preset": value}
+    if isinstance(value, dict) and "hf_config" in value and "kind" not in value:
+        return {"kind": "transformer", **value}
     return value
 
 

@@ -85,9 +85,9 @@ def _grad_elem_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "tf32") else 2
 
 
-def _stage_chunks(n_layers: int, pp: int, v: int) -> list[list[int]]:
-    """Layer indices of each virtual stage (index vs = chunk * pp + stage)."""
-    return partition_layers(n_layers, pp * v)
+def _stage_chunks(n_layers: int, pp: int, v: int, counts: list[int] | None = None) -> list[list[int]]:
+    """Layer indices of each virtual stage (index vs = chunk * pp + stage); ``counts`` = parallel.stage_layers."""
+    return partition_layers(n_layers, pp * v, counts)
 
 
 def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
@@ -180,7 +180,7 @@ def _single_gpu_optimizer_s(cost: CostModel, scenario, params: float) -> float:
 def _synthetic(scenario) -> tuple[TrainingJob, JobInfo]:
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     e = _grad_elem_bytes(tr.precision)
-    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     for layer_ids in parts:
         layers = tuple(
@@ -246,7 +246,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
     head_params = emb_params if (not d.tied_embeddings or vsn_total > 1) else 0.0
     vsn = par.pipeline * par.virtual_stages
-    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     send = b * m.seq_len * m.hidden * ebytes / t  # Megatron scatter/gather p2p: each TP rank sends 1/t
     chunks = []
     for vs, ids in enumerate(parts):
@@ -313,7 +313,7 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     b, dtype = tr.micro_batch, tr.precision
     gbytes, ebytes = _grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
     specs = m.to_layers()
-    parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages)
+    parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     single = 0.0
     ck = tr.checkpointing

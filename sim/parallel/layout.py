@@ -6,6 +6,7 @@ on NVLink), then data, then pipeline: rank = tp + T·(dp + D·pp).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -51,8 +52,15 @@ class Layout:
         return f"gpu{rank} n{rank // gpus_per_node} dp{d} tp{t} pp{p}"
 
 
-def partition_layers(n_layers: int, stages: int) -> list[list[int]]:
-    """Balanced contiguous partition of layers into ``stages`` groups (earlier stages get the extra)."""
+def partition_layers(n_layers: int, stages: int, counts: list[int] | tuple[int, ...] | None = None
+                     ) -> list[list[int]]:
+    """Contiguous partition of layers into ``stages`` groups: ``counts`` layers each when given (uneven
+    stages, e.g. Llama 3's lighter first and last stages), else balanced (earlier stages get the extra)."""
+    if counts is not None:
+        if len(counts) != stages or sum(counts) != n_layers or min(counts, default=0) < 0:
+            raise ValueError(f"counts {list(counts)} do not split {n_layers} layers into {stages} groups")
+        bounds = [0, *itertools.accumulate(counts)]
+        return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
     base, extra = divmod(n_layers, stages)
     out, start = [], 0
     for s in range(stages):
@@ -60,3 +68,12 @@ def partition_layers(n_layers: int, stages: int) -> list[list[int]]:
         out.append(list(range(start, start + k)))
         start += k
     return out
+
+
+def stage_layers_for(stage_layers: list[int] | tuple[int, ...] | None, pipeline: int, virtual_stages: int
+                     ) -> list[int] | None:
+    """``stage_layers`` if it describes this many model chunks, else None (a layout search that changes the
+    pipeline depth falls back to the balanced split)."""
+    if stage_layers is not None and len(stage_layers) == pipeline * virtual_stages:
+        return list(stage_layers)
+    return None

@@ -653,6 +653,12 @@ class Parallel(_Strict):
     overlap_grad_sync: bool = Field(
         True, description="overlap the gradient all-reduce with the backward pass"
     )
+    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="layers of each model chunk in pipeline order (virtual stage = chunk × pipeline + stage), "
+        "pipeline × virtual_stages entries summing to the model's layers, e.g. fewer on the first and last "
+        "stage to balance the embedding and the head; null = as even as possible",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Parallel:
@@ -983,14 +989,19 @@ class Scenario(_Strict):
     def resolved(self) -> dict[str, Any]:
         """Presets expanded, defaults filled: validates back to an equal Scenario."""
         data = self.model_dump(mode="python")
-        for key in OPTIONAL_SECTIONS:  # absent optional sections stay absent (older resolved files unchanged)
-            if data.get(key) is None:
-                data.pop(key, None)
+        for path in OPTIONAL_KEYS:  # absent optional keys stay absent (older resolved files unchanged)
+            *parents, key = path
+            node = data
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(key, 0) is None:
+                del node[key]
         return data
 
 
-# Top-level sections that are left out of the resolved form when not given.
-OPTIONAL_SECTIONS = ("reliability",)
+# Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
+# use them read as before).
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"))
 
 
 # ------------------------------------------------------------------------------ cross-section rules
@@ -1044,6 +1055,30 @@ def _stages(sc: Scenario) -> None:
             f"fewer than pipeline×virtual_stages = {p.pipeline}×{p.virtual_stages} = {chunks} model chunks",
             f"use pipeline ≤ {max(1, m.num_layers // p.virtual_stages)} (adjusting data) or a deeper model",
         )
+
+
+def _stage_layers(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or p.stage_layers is None or isinstance(m, CollectiveModel):
+        return
+    counts, chunks, n = p.stage_layers, p.pipeline * p.virtual_stages, m.num_layers
+    if len(counts) != chunks:
+        raise RuleError("parallel.stage_layers", show(counts),
+                        f"needs one entry per model chunk: pipeline×virtual_stages = {p.pipeline}×"
+                        f"{p.virtual_stages} = {chunks}, not {len(counts)}",
+                        f"give {chunks} layer counts, or remove stage_layers for an even split")
+    if sum(counts) != n:
+        raise RuleError("parallel.stage_layers", show(counts),
+                        f"the counts add up to {sum(counts)}, the model has {n} layers",
+                        f"make them sum to {n}")
+    # The first and last chunks of a transformer also hold the embedding and the head, so they may
+    # hold no transformer layer; every other chunk needs one.
+    ends = (0, chunks - 1) if isinstance(m, TransformerModel) else ()
+    for i, k in enumerate(counts):
+        if k == 0 and i not in ends:
+            where = "chunks other than the first and last" if ends else "every chunk"
+            raise RuleError(f"parallel.stage_layers[{i}]", "0",
+                            f"{where} need at least one layer", "move a layer into it")
 
 
 def _tensor_problem(m: TransformerModel, t: int, sp: bool, micro_batch: int) -> tuple[str, int, str] | None:
@@ -1198,5 +1233,5 @@ def _reliability(sc: Scenario) -> None:
                         "set training.tokens (transformers) or training.train_steps")
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
+SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
                   _reliability)

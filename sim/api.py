@@ -34,8 +34,8 @@ def _use_symmetry(scenario) -> bool:
         return True
     if mode == "off":
         return False
-    if scenario.cluster.stragglers:
-        return False  # a straggler breaks the symmetry
+    if scenario.cluster.fixed_stragglers:
+        return False  # a straggler breaks the symmetry (random ones are reduced per stage: see variability)
     return scenario.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
 
 
@@ -102,7 +102,8 @@ def _collective(scenario, world: World) -> RunResult:
 def _training(scenario, world: World, cost) -> RunResult:
     job, info = build_job(scenario, cost)
     symmetric = _use_symmetry(scenario)
-    ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.stragglers))
+    ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.fixed_stragglers),
+                          variability=_variability(scenario, symmetric))
     ex.run()
     world.timeline.end_s = world.env.now
     tr = scenario.training
@@ -126,10 +127,30 @@ def _training(scenario, world: World, cost) -> RunResult:
         from sim.run.goodput import reliability_summary
 
         summary["reliability"] = reliability_summary(scenario, summary, info.params_total)
+    if ex.variability is not None or len(ex.step_end_s) > 1:
+        from sim.engine.variability import percentiles
+
+        summary.update(percentiles(summary["step_times_s"]))
     if info.loss_scale:
         summary["loss_scale"] = info.loss_scale
         summary["skipped_steps"] = sum(1 for r in info.loss_scale if r["skipped"])
     return RunResult(summary, world.timeline, scenario, info=info)
+
+
+def _variability(scenario, symmetric: bool):
+    """Seeded jitter and random stragglers for the executor, or None (every step identical)."""
+    c = scenario.cluster
+    rs = c.random_stragglers
+    if c.jitter is None and rs is None:
+        return None
+    from sim.engine.variability import Variability
+    from sim.parallel.layout import Layout
+
+    par = scenario.parallel
+    return Variability(seed=scenario.simulation.seed, layout=Layout(par.data, par.tensor, par.pipeline),
+                       symmetric=symmetric, jitter_sigma=c.jitter.sigma if c.jitter else 0.0,
+                       straggler_probability=rs.probability if rs else 0.0,
+                       straggler_slowdown=rs.slowdown if rs else 1.0)
 
 
 def _memory_summary(summary: dict, scenario, info: JobInfo, timeline: Timeline) -> None:

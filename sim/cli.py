@@ -46,6 +46,11 @@ def summary_table(summary: dict) -> str:
         ("step time", _fmt_time(summary["step_time_s"])),
         ("throughput", f"{summary['samples_per_s']:.2f} samples/s"
                        + (f", {summary['tokens_per_s']:.4g} tokens/s" if summary.get("workload") == "transformer" else "")),
+        *([("step time p50/p90/p99", f"{_fmt_time(summary['step_time_p50_s'])} / "
+                                      f"{_fmt_time(summary['step_time_p90_s'])} / "
+                                      f"{_fmt_time(summary['step_time_p99_s'])} over "
+                                      f"{len(summary['step_times_s'])} steps")]
+          if "step_time_p99_s" in summary else []),
         ("compute / step", _fmt_time(summary["compute_s"])),
         ("exposed comm / step", _fmt_time(summary["exposed_comm_s"])),
         ("bubble (idle) fraction", f"{summary['bubble_fraction']:.1%}"),

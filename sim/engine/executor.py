@@ -33,6 +33,7 @@ from sim.engine.timeline import (
     STREAM_P2P,
     CounterSample,
 )
+from sim.engine.variability import Variability
 from sim.engine.world import Stream, World
 from sim.errors import SimulationError
 from sim.parallel.layout import Layout
@@ -42,8 +43,10 @@ STREAM_DP = "dp"
 
 
 class TrainingExecutor:
-    def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None):
+    def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
+                 variability: Variability | None = None):
         self.world = world
+        self.variability = variability  # seeded per-step stragglers and kernel jitter (None: none)
         self.env = world.env
         self.job = job
         self.layout = Layout(job.dp, job.tp, job.pp)
@@ -98,8 +101,9 @@ class TrainingExecutor:
             s = self._streams[(g, name)] = Stream(self.env, name)
         return s
 
-    def _slow(self, g: int) -> float:
-        return self.stragglers.get(g, 1.0)
+    def _slow(self, g: int, step: int = 0) -> float:
+        base = self.stragglers.get(g, 1.0)
+        return base if self.variability is None else base * self.variability.step_factor(g, step)
 
     def _memory(self, g: int, delta: float) -> None:
         self._mem[g] = self._mem.get(g, 0.0) + delta
@@ -286,11 +290,14 @@ class TrainingExecutor:
     # ---- compute ---------------------------------------------------------------------------------
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
         env, world = self.env, self.world
-        slow = self._slow(g)
+        step = args.get("step", 0)
+        slow = self._slow(g, step)
+        var = self.variability
         for b in blocks:
             if b.dur_s > 0:
                 start = env.now
-                yield env.timeout(b.dur_s * slow)
+                dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s, bool(b.comm) and self.job.tp > 1)
+                yield env.timeout(dur * slow)
                 world.compute_events += 1
                 world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", category, start, args)
             if b.comm and b.comm_bytes > 0 and self.job.tp > 1:

@@ -162,8 +162,25 @@ class Topology(_Strict):
         return self
 
 
+class RandomStragglers(_Strict):
+    """Each GPU, each step, runs ``slowdown``× slower with probability ``probability`` (seeded)."""
+
+    probability: float = Field(ge=0, le=1, description="chance that a GPU straggles in a given step")
+    slowdown: float = Field(ge=1, description="slow-down factor of a straggling GPU for that step")
+
+
+class Jitter(_Strict):
+    """Kernel-time noise: every compute block's time × a random factor of mean 1 (seeded)."""
+
+    kind: Literal["lognormal"] = Field("lognormal", description="distribution of the factor")
+    sigma: float = Field(gt=0, le=1, description="σ of the factor's logarithm (0.03 ≈ 3 % noise)")
+
+
 def stragglers_from(value: Any) -> Any:
-    """Accept {gpu_id: factor} or [{gpu, factor}, ...]; string digit keys (from JSON) become ints."""
+    """Accept {gpu_id: factor}, [{gpu, factor}, ...] or {probability, slowdown}; string digit keys (from
+    JSON) become ints."""
+    if isinstance(value, dict) and value and set(value) <= {"probability", "slowdown"}:
+        return value
     if isinstance(value, list):
         out: dict[Any, Any] = {}
         for i, item in enumerate(value):
@@ -206,7 +223,14 @@ class Cluster(_Strict):
     )
     stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1)]] = Field(
         default_factory=dict,
-        description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
+        description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, a list of {gpu, factor}, or random "
+        "stragglers {probability, slowdown} (each GPU, each step; stored as random_stragglers)",
+    )
+    random_stragglers: RandomStragglers | None = Field(
+        None, description="each GPU, each step, slow with a probability: {probability, slowdown}"
+    )
+    jitter: Jitter | None = Field(
+        None, description="kernel-time noise {kind: lognormal, sigma}; null = every step identical"
     )
 
     @model_validator(mode="before")
@@ -215,6 +239,13 @@ class Cluster(_Strict):
         if not isinstance(data, dict):
             return data
         data = _strip_none(data, "intra_node", "inter_node", "nics_per_node", "topology", "stragglers")
+        given = data.get("stragglers")
+        if isinstance(given, dict) and given and set(given) <= {"probability", "slowdown"}:
+            if data.get("random_stragglers") is not None:
+                raise RuleError("stragglers", show(given), "random stragglers given twice",
+                                "keep stragglers: {probability, slowdown} or random_stragglers, not both")
+            data = {**data, "random_stragglers": given}
+            del data["stragglers"]
         if "intra_node" not in data:
             try:
                 gpu = GPUSpec.model_validate(gpu_from(data.get("gpu")))
@@ -258,7 +289,9 @@ class Cluster(_Strict):
         return {"kind": value} if isinstance(value, str) else value
 
     @field_validator(
-        "stragglers", mode="before", json_schema_input_type=dict[int, float] | list[dict[str, float]]
+        "stragglers",
+        mode="before",
+        json_schema_input_type=dict[int, float] | list[dict[str, float]] | RandomStragglers,
     )
     @classmethod
     def _stragglers(cls, value: Any) -> Any:
@@ -266,7 +299,7 @@ class Cluster(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
-        for gpu_id in self.stragglers:
+        for gpu_id in self.fixed_stragglers:
             if gpu_id >= self.total_gpus:
                 raise RuleError(
                     "stragglers",
@@ -279,6 +312,11 @@ class Cluster(_Strict):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def fixed_stragglers(self) -> dict[int, float]:
+        """The explicit {gpu: factor} map."""
+        return self.stragglers
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -811,7 +849,8 @@ class Simulation(_Strict):
     """How to run: steps to simulate, the random seed, and whether to exploit symmetric ranks."""
 
     steps: int = Field(1, ge=1, description="training steps (or collective repetitions) to simulate")
-    seed: int = Field(0, description="random seed (stragglers, overflow probability)")
+    seed: int = Field(0, description="random seed (random stragglers, jitter, overflow probability, "
+                      "reliability Monte-Carlo)")
     symmetry: Literal["auto", "on", "off"] = Field(
         "auto", description="simulate identical ranks once; off = every GPU"
     )
@@ -1001,7 +1040,8 @@ class Scenario(_Strict):
 
 # Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
 # use them read as before).
-OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"))
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("cluster", "jitter"),
+                 ("cluster", "random_stragglers"))
 
 
 # ------------------------------------------------------------------------------ cross-section rules
@@ -1211,7 +1251,7 @@ def _collective(sc: Scenario) -> None:
 
 
 def _symmetry(sc: Scenario) -> None:
-    if sc.simulation.symmetry == "on" and sc.cluster.stragglers:
+    if sc.simulation.symmetry == "on" and sc.cluster.fixed_stragglers:
         raise RuleError(
             "simulation.symmetry",
             "'on'",

@@ -121,6 +121,8 @@ def _training(scenario, world: World, cost) -> RunResult:
     par = scenario.parallel
     summary["parallel"] = {"data": par.data, "tensor": par.tensor, "pipeline": par.pipeline,
                            "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
+    if par.ep > 1:
+        summary["parallel"]["expert"] = par.ep
     _memory_summary(summary, scenario, info, world.timeline)
     _cost_summary(summary, scenario)
     if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)

@@ -135,17 +135,24 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
         bucket_bytes=par.bucket_MB * MB, overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
         decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
-        steps=scenario.simulation.steps,
+        steps=scenario.simulation.steps, ep=par.ep,
     )
 
 
 def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[float],
-                     buffers_by_stage: list[float]) -> list[dict]:
+                     buffers_by_stage: list[float], expert_by_stage: list[float] | None = None) -> list[dict]:
+    """Per stage: model states (ZeRO over data parallelism; MoE experts' over their expert-DP group),
+    activations and buffers."""
     par, tr = scenario.parallel, scenario.training
     out = []
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
     for s, params in enumerate(params_by_stage):
         st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data, precision=tr.precision,
-                                   optimizer="sgd" if tr.optimizer == "sgd" else "adam")
+                                   optimizer=opt)
+        if expert_by_stage:
+            ex = mem.model_state_bytes(expert_by_stage[s], zero_stage=par.zero, precision=tr.precision,
+                                       dp=par.data // par.ep * par.tensor, optimizer=opt)
+            st = {k: st[k] + ex[k] for k in st}
         b = mem.MemoryBreakdown(st["weights"], st["gradients"], st["optimizer"], act_by_stage[s], buffers_by_stage[s])
         d = b.as_dict()
         d["stage"] = s
@@ -216,7 +223,13 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     act_dtype = "bf16" if dtype == "fp8" else dtype
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = _grad_elem_bytes(dtype)
-    lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
+    if moe is None:
+        lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    else:
+        from sim.workload import moe as moe_ops
+
+        lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype)
     fwd = _blocks(cost, lo.forward)
     bwd = _blocks(cost, lo.backward_input)
     wgt = _op_block(cost, "wgrad", lo.backward_weight)
@@ -236,9 +249,19 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     full_layer_act = mem.activation_bytes_per_layer(checkpointing="selective" if flash else "none", **act_kw)
     ckpt_act = mem.activation_bytes_per_layer(checkpointing=stored, **act_kw)
     layer_params = tf.layer_params(d) / t
+    expert_local = 0.0  # MoE: this GPU's experts' parameters per layer (synced over the expert-DP group)
+    if moe is not None:
+        full_layer_act = moe_ops.activation_bytes_per_layer(
+            d, moe, dense_bytes=full_layer_act, micro_batch=b, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
+        if ck.kind != "full":
+            ckpt_act = moe_ops.activation_bytes_per_layer(
+                d, moe, dense_bytes=ckpt_act, micro_batch=b, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
+        layer_params = moe_ops.dense_params(d, moe) / t
+        expert_local = moe_ops.expert_params(d, moe) / par.ep
     # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
-    layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept)
+    layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
+                 expert_grad_bytes=expert_local * gbytes)
     emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
     head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
     emb_params = tf.embedding_params(d) / t
@@ -270,10 +293,16 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     info.model_flops_per_step = tf.model_flops_per_iteration(d, gb)
     info.hardware_flops_per_step = tf.hardware_flops_per_iteration(d, gb, ck.kind)
     info.params_total = tf.model_params(d)
+    if moe is not None:  # active experts' FLOPs (recompute counted as for the dense shape)
+        flops = moe_ops.model_flops_per_iteration(d, moe, gb)
+        info.hardware_flops_per_step += flops - info.model_flops_per_step
+        info.model_flops_per_step = flops
+        info.params_total = moe_ops.model_params(d, moe)
     # Memory per stage (analytic; the simulation's own counter track is compared in metrics).
-    params_by_stage, act_by_stage, buf_by_stage = [], [], []
+    params_by_stage, act_by_stage, buf_by_stage, expert_by_stage = [], [], [], []
     for s in range(par.pipeline):
         n_layers = sum(len(parts[c * par.pipeline + s]) for c in range(par.virtual_stages))
+        expert_by_stage.append(n_layers * expert_local)
         p_s = n_layers * layer_params + (emb_params if s == 0 else 0) + (head_params if s == par.pipeline - 1 else 0)
         params_by_stage.append(p_s)
         inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
@@ -291,10 +320,13 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         # two p2p activation buffers.
         buf = 2 * par.bucket_MB * MB if par.zero < 3 else 2 * layer_params * ebytes * par.data
         buf_by_stage.append(buf + 2 * send)
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage,
+                                            expert_by_stage if moe is not None else None)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
-    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
-    one = tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype)
+    opt_block, unscale = _optimizer_block(
+        cost, scenario, max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True)))
+    one = (tf.layer_ops(d, micro_batch=b, tp=1, sequence_parallel=False, dtype=dtype) if moe is None else
+           moe_ops.layer_ops(d, moe, micro_batch=b, tp=1, ep=1, sequence_parallel=False, dtype=dtype))
     fwd1 = sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops)
     rec1 = {"full": fwd1, "selective": sum(cost.op_time_s(op) for seg in one.forward for op in seg.ops
                                            if op.kind == ATTENTION)}.get(ck.kind, 0.0)

@@ -75,13 +75,15 @@ def _one_line_error(tmp_path: Path, cfg: dict | str) -> str:
     return msg
 
 
-def test_unknown_architecture_missing_field_and_moe_are_one_line(tmp_path):
+def test_unknown_architecture_and_missing_fields_are_one_line(tmp_path):
     msg = _one_line_error(tmp_path, {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
     assert "model_type = 't5'" in msg and "supported" in msg
     cfg = json.loads((HF / "llama3-8b" / "config.json").read_text())
     del cfg["hidden_size"]
     assert "hidden_size = missing" in _one_line_error(tmp_path, cfg)
-    assert "num_local_experts = 8" in _one_line_error(tmp_path, (HF / "mixtral-8x7b" / "config.json").read_text())
+    moe = json.loads((HF / "mixtral-8x7b" / "config.json").read_text())
+    del moe["num_experts_per_tok"]
+    assert "num_experts_per_tok = missing" in _one_line_error(tmp_path, moe)
     assert "not a readable JSON" in _one_line_error(tmp_path, "{not json")
     with pytest.raises(ValueError, match="file not found"):
         _model(hf_config="nope/config.json")

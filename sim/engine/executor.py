@@ -22,6 +22,7 @@ from sim.engine.timeline import (
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     COMM_DP,
+    COMM_EP,
     COMM_PP,
     COMM_TP,
     COMPUTE,
@@ -49,7 +50,7 @@ class TrainingExecutor:
         self.variability = variability  # seeded per-step stragglers and kernel jitter (None: none)
         self.env = world.env
         self.job = job
-        self.layout = Layout(job.dp, job.tp, job.pp)
+        self.layout = Layout(job.dp, job.tp, job.pp, job.ep)
         self.symmetric = symmetric
         self.stragglers = stragglers or {}
         topo = world.topology
@@ -136,7 +137,7 @@ class TrainingExecutor:
         for g in self.gpus:
             stage = lay.coords(g)[2]
             for x in [g, *self._same_place(g)]:
-                for kind in ("tp", "dp"):
+                for kind in ("tp", "dp", "ep", "edp"):
                     grp = self._group(x, kind)
                     if len(grp) > 1:
                         flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
@@ -170,7 +171,7 @@ class TrainingExecutor:
 
         for g in self.gpus:
             _, _, stage = lay.coords(g)
-            for kind in ("tp", "dp"):
+            for kind in ("tp", "dp", "ep", "edp"):
                 grp = self._group(g, kind)
                 if len(grp) > 1:
                     use(self._links_of(grp), (kind, tuple(grp)))
@@ -181,10 +182,12 @@ class TrainingExecutor:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self._p2p_mirrors(g, s2)]:
                         use(set(self.world.topology.route(a, b).links) & self._binding, ("pp", a))
         shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in ("tp", "dp") if k not in shared}
+        return {k for k in ("tp", "dp", "ep", "edp") if k not in shared}
 
     def _group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
+        if kind in ("ep", "edp"):  # MoE: expert-parallel all-to-all, expert-gradient sync
+            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g)
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 
     def _links_of(self, group: list[int]) -> set[int]:
@@ -241,7 +244,8 @@ class TrainingExecutor:
         if p == 1 or size_bytes <= 0:
             return
         world = self.world
-        factory = lambda: coll.build(op, "ring", p, size_bytes)  # noqa: E731
+        algorithm = "direct" if op == "all_to_all" else "ring"
+        factory = lambda: coll.build(op, algorithm, p, size_bytes)  # noqa: E731
         if not self.symmetric:
             run = world.collective((kind, tuple(group), op), g, factory, group)
             yield run.join(group.index(g))
@@ -257,7 +261,7 @@ class TrainingExecutor:
             self._cache[key] = self.env.now - t0
             return
         mine = world.run_collective_alone(factory(), group)
-        if kind in ("tp", "dp"):
+        if kind in ("tp", "dp", "ep", "edp"):
             for mg in self._mirror_groups(g, kind):
                 world.run_collective_alone(factory(), mg).join_all()
         yield mine.join_all()
@@ -296,15 +300,17 @@ class TrainingExecutor:
         for b in blocks:
             if b.dur_s > 0:
                 start = env.now
-                dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s, bool(b.comm) and self.job.tp > 1)
+                dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s, bool(b.comm) and "@" not in b.comm and self.job.tp > 1)
                 yield env.timeout(dur * slow)
                 world.compute_events += 1
                 world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", category, start, args)
-            if b.comm and b.comm_bytes > 0 and self.job.tp > 1:
+            op, _, kind = (b.comm or "").partition("@")  # "op" runs on the TP group, "op@ep" on another
+            kind = kind or "tp"
+            if b.comm and b.comm_bytes > 0 and (self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1):
                 start = env.now
-                yield from self._collective(g, "tp", b.comm, b.comm_bytes)
-                world.span(g, STREAM_COMM, f"{prefix} {b.name} {b.comm}", COMM_TP, start,
-                           {"bytes": b.comm_bytes, "op": b.comm, **args})
+                yield from self._collective(g, kind, op, b.comm_bytes)
+                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", COMM_EP if kind == "ep" else COMM_TP, start,
+                           {"bytes": b.comm_bytes, "op": op, **args})
 
     def _gpu(self, g: int):
         job = self.job
@@ -369,6 +375,10 @@ class TrainingExecutor:
                                        f"send grad mb{a.microbatch}")
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
+            expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)
+                               for lw in job.chunk_of(stage, c).layers)
+            if expert_grads > 0:  # MoE: the experts' gradients, over the GPUs holding the same experts
+                dp_events.append(self._dp_sync(g, self._grad_op(), expert_grads, step, kind="edp"))
             if job.compression_ratio is not None:
                 yield from self._compressed_sync(g, step)
             self._waiting[g] = f"data-parallel gradient sync (step {step})"
@@ -392,12 +402,12 @@ class TrainingExecutor:
                 last[a.chunk] = i
         return set(last.values())
 
-    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int) -> simpy.Event:
+    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int, kind: str = "dp") -> simpy.Event:
         env, world = self.env, self.world
 
         def body():
             start = env.now
-            yield from self._collective(g, "dp", op, size_bytes)
+            yield from self._collective(g, kind, op, size_bytes)
             if env.now > start:
                 world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start, {"bytes": size_bytes, "op": op, "step": step})
             return None

@@ -31,6 +31,7 @@ class LayerWork:
     grad_bytes: float = 0.0  # this GPU's gradient bytes of the layer (data-parallel sync)
     param_bytes: float = 0.0  # this GPU's parameter bytes (ZeRO-3 gathers)
     activation_bytes: float = 0.0  # kept per micro-batch until the backward
+    expert_grad_bytes: float = 0.0  # MoE: gradients of this GPU's experts (summed over the expert-DP group)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TrainingJob:
     grad_elem_bytes: int = 2
     static_bytes: list[float] = field(default_factory=list)  # per stage: weights+grads+optimizer+buffers
     steps: int = 1
+    ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
 
     @property
     def split_backward(self) -> bool:

@@ -16,9 +16,10 @@ COMPUTE = "compute"  # anything else on a compute stream
 COMM_TP = "comm_tp"
 COMM_DP = "comm_dp"
 COMM_PP = "comm_pp"
+COMM_EP = "comm_ep"  # expert-parallel all-to-all (MoE dispatch / combine)
 COMM = "comm"  # a standalone collective workload
 COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE)
-COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM)
+COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EP, COMM)
 
 # Stream names (Chrome trace tid).
 STREAM_COMPUTE = "compute"

@@ -104,6 +104,11 @@ class Estimator:
             from sim.errors import ScenarioError
 
             raise ScenarioError(f"plan needs a transformer model, not {scenario.model.kind}", "model")
+        if getattr(scenario.model, "experts", None) is not None:
+            from sim.errors import ScenarioError
+
+            raise ScenarioError("plan does not search mixture-of-experts layouts yet (its closed forms are "
+                                "dense); simulate MoE layouts with run or sweep", "model.experts")
         self.scenario = scenario
         m = scenario.model
         self.dims = m.to_dims()

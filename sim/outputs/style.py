@@ -32,6 +32,7 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.COMM_TP: "#999933",  # olive
     tl.COMM_DP: "#332288",  # indigo
     tl.COMM_PP: "#882255",  # wine
+    tl.COMM_EP: "#88CCEE",  # cyan: expert-parallel all-to-all
     tl.COMM: "#44AA99",  # teal: a standalone collective workload
 }
 CATEGORY_HATCHES: dict[str, str] = {tl.RECOMPUTE: "////"}
@@ -46,6 +47,7 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.COMM_TP: "TP collective",
     tl.COMM_DP: "DP collective",
     tl.COMM_PP: "PP send/recv",
+    tl.COMM_EP: "EP all-to-all",
     tl.COMM: "collective",
 }
 CATEGORY_ORDER: tuple[str, ...] = tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES

@@ -15,6 +15,7 @@ class Layout:
     dp: int
     tp: int
     pp: int
+    ep: int = 1  # expert parallelism: groups of ep consecutive data-parallel ranks share a layer's experts
 
     @property
     def world_size(self) -> int:
@@ -36,6 +37,18 @@ class Layout:
     def dp_group(self, rank: int) -> list[int]:
         _, t, p = self.coords(rank)
         return [self.rank(d, t, p) for d in range(self.dp)]
+
+    def ep_group(self, rank: int) -> list[int]:
+        """The data-parallel ranks (same tensor rank and stage) whose GPUs hold one copy of all experts."""
+        d, t, p = self.coords(rank)
+        first = d - d % self.ep
+        return [self.rank(x, t, p) for x in range(first, first + self.ep)]
+
+    def edp_group(self, rank: int) -> list[int]:
+        """Ranks holding the same experts (same stage, same slot in their EP group, any tensor rank): their
+        expert gradients are summed (each tensor rank routes its own share of the tokens)."""
+        d, _, p = self.coords(rank)
+        return [self.rank(x, t, p) for x in range(d % self.ep, self.dp, self.ep) for t in range(self.tp)]
 
     def mp_group(self, rank: int) -> list[int]:
         """All ranks of this rank's model replica (tensor × pipeline)."""

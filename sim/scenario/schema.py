@@ -108,6 +108,15 @@ def model_presets() -> dict[str, Any]:
     return dict(MODEL_PRESETS)
 
 
+def moe_presets() -> dict[str, dict[str, Any]]:
+    """MoE fields of the mixture-of-experts presets (imported late; empty if absent)."""
+    try:
+        from sim.workload.model_presets import MOE_PRESETS
+    except ImportError:
+        return {}
+    return dict(MOE_PRESETS)
+
+
 def layer_presets() -> dict[str, Any]:
     """Layer-list presets (resnet50, …) → a function giving their layers, imported late; empty if absent."""
     try:
@@ -486,6 +495,19 @@ class TransformerModel(_Strict):
         description="flash: fused attention, softmax scores never stored; standard: scores kept for "
         "backward (Korthikanti et al.'s 5as/h activation term)",
     )
+    experts: int | None = Field(
+        None, ge=1, description="mixture of experts: routed experts per layer (null = dense MLP)"
+    )
+    top_k: int | None = Field(None, ge=1, description="MoE: experts each token uses; default 2")
+    expert_ffn_hidden: int | None = Field(
+        None, ge=1, description="MoE: one expert's MLP width; default ffn_hidden"
+    )
+    capacity_factor: float | None = Field(
+        None, gt=0, description="MoE: expert buffers padded to this × the fair share; null = dropless"
+    )
+    load_imbalance: float | None = Field(
+        None, ge=1, description="MoE, dropless: busiest GPU's routed tokens / the mean; default 1"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -500,6 +522,7 @@ class TransformerModel(_Strict):
             key = lookup("transformer model", data["preset"], list(presets))
             dims = presets[key]
             base = {f: getattr(dims, f) for f in _DIM_FIELDS if getattr(dims, f, None) is not None}
+            base.update(moe_presets().get(key, {}))
             data = {**base, "name": key, **{k: v for k, v in data.items() if k != "preset"}}
         if "ffn_hidden" not in data and isinstance(data.get("hidden"), int):
             data["ffn_hidden"] = 4 * data["hidden"]
@@ -509,6 +532,19 @@ class TransformerModel(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> TransformerModel:
+        moe_keys = ("top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance")
+        if self.experts is None:
+            for key in moe_keys:
+                if getattr(self, key) is not None:
+                    raise RuleError(key, show(getattr(self, key)), "applies to mixture-of-experts models",
+                                    "set experts (e.g. experts: 8), or remove it")
+        elif (self.top_k or 2) > self.experts:
+            raise RuleError("top_k", show(self.top_k), f"a token cannot use more than experts = {self.experts}",
+                            f"use top_k ≤ {self.experts}")
+        if self.capacity_factor is not None and self.load_imbalance is not None:
+            raise RuleError("load_imbalance", show(self.load_imbalance),
+                            "a capacity factor pads every expert's buffer, so the load is the capacity",
+                            "give capacity_factor (padded) or load_imbalance (dropless), not both")
         if self.hidden % self.heads:
             raise RuleError(
                 "hidden",
@@ -533,6 +569,16 @@ class TransformerModel(_Strict):
     def num_layers(self) -> int:
         return self.layers
 
+    def to_moe(self) -> Any:
+        """The workload's ``MoESpec``, or None for a dense model (imported late)."""
+        if self.experts is None:
+            return None
+        from sim.workload.moe import MoESpec
+
+        return MoESpec(experts=self.experts, top_k=self.top_k or 2,
+                       ffn_hidden=self.expert_ffn_hidden or self.ffn_hidden,
+                       capacity_factor=self.capacity_factor, load_imbalance=self.load_imbalance or 1.0)
+
     def to_dims(self) -> Any:
         """The workload's ``TransformerDims`` for this model (imported late: schema does not need it)."""
         from sim.workload.transformer import TransformerDims
@@ -540,8 +586,10 @@ class TransformerModel(_Strict):
         return TransformerDims(**{f: getattr(self, f) for f in _DIM_FIELDS})
 
 
+MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance")
 _DIM_FIELDS = tuple(
-    f for f in TransformerModel.model_fields if f not in ("kind", "preset", "hf_config", "name", "attention")
+    f for f in TransformerModel.model_fields
+    if f not in ("kind", "preset", "hf_config", "name", "attention", *MOE_FIELDS)
 )
 
 
@@ -561,10 +609,6 @@ def _from_hf_config(data: dict[str, Any], base: Any) -> dict[str, Any]:
     except HFConfigError as e:
         where = f" in {path}" if e.key != "hf_config" else ""
         raise RuleError("hf_config", f"{e.key} = {e.value}{where}", e.rule, e.fix) from None
-    if "experts" in fields:
-        raise RuleError("hf_config", f"num_local_experts = {fields['experts']} in {path}",
-                        "mixture-of-experts models are not simulated yet",
-                        "describe a dense model, or remove the experts from the config")
     rest = {k: v for k, v in data.items() if k != "hf_config"}
     return {**fields, **rest}
 
@@ -691,6 +735,10 @@ class Parallel(_Strict):
     overlap_grad_sync: bool = Field(
         True, description="overlap the gradient all-reduce with the backward pass"
     )
+    expert: int | None = Field(
+        None, ge=1, description="expert parallelism: GPUs sharing one layer's experts, carved out of data "
+        "(divides data and model.experts); null = 1"
+    )
     stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         description="layers of each model chunk in pipeline order (virtual stage = chunk × pipeline + stage), "
@@ -712,6 +760,10 @@ class Parallel(_Strict):
     @property
     def world_size(self) -> int:
         return self.data * self.tensor * self.pipeline
+
+    @property
+    def ep(self) -> int:
+        return self.expert or 1
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -1040,8 +1092,8 @@ class Scenario(_Strict):
 
 # Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
 # use them read as before).
-OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("cluster", "jitter"),
-                 ("cluster", "random_stragglers"))
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "expert"), ("cluster", "jitter"),
+                 ("cluster", "random_stragglers"), *(("model", f) for f in MOE_FIELDS))
 
 
 # ------------------------------------------------------------------------------ cross-section rules
@@ -1095,6 +1147,26 @@ def _stages(sc: Scenario) -> None:
             f"fewer than pipeline×virtual_stages = {p.pipeline}×{p.virtual_stages} = {chunks} model chunks",
             f"use pipeline ≤ {max(1, m.num_layers // p.virtual_stages)} (adjusting data) or a deeper model",
         )
+
+
+def _experts(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or p.ep == 1:
+        return
+    experts = getattr(m, "experts", None)
+    if experts is None:
+        raise RuleError("parallel.expert", show(p.expert), "expert parallelism needs a mixture-of-experts model",
+                        "set model.experts, or remove parallel.expert")
+    if experts % p.ep:
+        raise RuleError("parallel.expert", show(p.expert), f"must divide model.experts = {experts}",
+                        f"use a divisor of {experts}")
+    if p.data % p.ep:
+        raise RuleError("parallel.expert", show(p.expert),
+                        f"expert-parallel GPUs are data-parallel ranks: must divide data = {p.data}",
+                        "use a divisor of parallel.data")
+    if p.zero == 3:
+        raise RuleError("parallel.zero", "3", "ZeRO-3 with expert parallelism is not modelled",
+                        "use zero ≤ 2, or expert: 1")
 
 
 def _stage_layers(sc: Scenario) -> None:
@@ -1273,5 +1345,5 @@ def _reliability(sc: Scenario) -> None:
                         "set training.tokens (transformers) or training.train_steps")
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
+SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
                   _reliability)

@@ -123,6 +123,9 @@ def _training(scenario, world: World, cost) -> RunResult:
                            "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
     if par.ep > 1:
         summary["parallel"]["expert"] = par.ep
+    if par.cp > 1:
+        summary["parallel"]["context"] = par.cp
+        summary["parallel"]["context_attention"] = par.context_attention or "ring"
     _memory_summary(summary, scenario, info, world.timeline)
     _cost_summary(summary, scenario)
     if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)
@@ -149,7 +152,8 @@ def _variability(scenario, symmetric: bool):
     from sim.parallel.layout import Layout
 
     par = scenario.parallel
-    return Variability(seed=scenario.simulation.seed, layout=Layout(par.data, par.tensor, par.pipeline),
+    return Variability(seed=scenario.simulation.seed,
+                       layout=Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp),
                        symmetric=symmetric, jitter_sigma=c.jitter.sigma if c.jitter else 0.0,
                        straggler_probability=rs.probability if rs else 0.0,
                        straggler_slowdown=rs.slowdown if rs else 1.0)

@@ -130,12 +130,12 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
         decompress = _op_block(cost, "topk decompress", [
             elementwise("topk scatter-add", 4 * n + par.data * k * (e + 4 + 2 * 4), "fp32")])[0]
     return TrainingJob(
-        dp=par.data, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
+        dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
         bucket_bytes=par.bucket_MB * MB, overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
         decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
-        steps=scenario.simulation.steps, ep=par.ep,
+        steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
     )
 
 
@@ -147,7 +147,7 @@ def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[
     out = []
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     for s, params in enumerate(params_by_stage):
-        st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data, precision=tr.precision,
+        st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data * par.cp, precision=tr.precision,
                                    optimizer=opt)
         if expert_by_stage:
             ex = mem.model_state_bytes(expert_by_stage[s], zero_stage=par.zero, precision=tr.precision,
@@ -164,13 +164,13 @@ def _optimizer_block(cost: CostModel, scenario, params_per_gpu: float) -> tuple[
     par, tr = scenario.parallel, scenario.training
     mixed = tr.precision not in ("fp32", "tf32")
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
-    shard = params_per_gpu / (par.data if par.zero >= 1 else 1)
+    shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
     opt_block = _op_block(cost, "optimizer step", [
         elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32")])[0]
     unscale = None
     if tr.loss_scaling.kind != "none":
         # Unscale (multiply by 1/S) and check for inf/NaN: read and write the fp32 gradients once.
-        grads = params_per_gpu / (par.data if par.zero >= 2 else 1)
+        grads = params_per_gpu / (par.data * par.cp if par.zero >= 2 else 1)
         unscale = _op_block(cost, "unscale+inf check", [elementwise("unscale", grads * 8, "fp32")])[0]
     return opt_block, unscale
 
@@ -224,22 +224,31 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = _grad_elem_bytes(dtype)
     moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
+    # Context parallelism: each GPU works on seq/cp tokens of every sequence (sim.parallel.context).
+    from sim.parallel import context as ctx
+
+    cp, seq = par.cp, m.seq_len // par.cp
+    dl = ctx.local_dims(d, cp)
     if moe is None:
-        lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+        lo = tf.layer_ops(dl, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
     else:
         from sim.workload import moe as moe_ops
 
         lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype)
+    lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
+                               kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     fwd = _blocks(cost, lo.forward)
     bwd = _blocks(cost, lo.backward_input)
     wgt = _op_block(cost, "wgrad", lo.backward_weight)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
-        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if op.kind == ATTENTION])
+        ring = cp if (par.context_attention or "ring") == "ring" else 1  # a ring block is one of cp steps
+        recompute = _op_block(cost, "attention",
+                              [op for s in lo.forward for op in s.ops if op.kind == ATTENTION] * ring)
     else:
         recompute = ()
-    act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
+    act_kw = dict(seq=seq, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
                   bytes_per_elem=ebytes)
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
@@ -262,15 +271,15 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
                  expert_grad_bytes=expert_local * gbytes)
-    emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-    head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    emb = tf.embedding_ops(dl, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    head = tf.head_ops(dl, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
     emb_params = tf.embedding_params(d) / t
     vsn_total = par.pipeline * par.virtual_stages
     # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
     head_params = emb_params if (not d.tied_embeddings or vsn_total > 1) else 0.0
     vsn = par.pipeline * par.virtual_stages
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
-    send = b * m.seq_len * m.hidden * ebytes / t  # Megatron scatter/gather p2p: each TP rank sends 1/t
+    send = b * seq * m.hidden * ebytes / t  # Megatron scatter/gather p2p: each TP rank sends 1/t
     chunks = []
     for vs, ids in enumerate(parts):
         works = []
@@ -278,11 +287,11 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             works.append(LayerWork("embedding", _blocks(cost, emb.forward), _blocks(cost, emb.backward_input),
                                    _op_block(cost, "wgrad", emb.backward_weight), (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
-                                   activation_bytes=b * m.seq_len * m.hidden * ebytes / (t if sp else 1)))
+                                   activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1)))
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
-            logits_act = b * m.seq_len * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
+            logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
             works.append(LayerWork("head", _blocks(cost, head.forward), _blocks(cost, head.backward_input),
                                    _op_block(cost, "wgrad", head.backward_weight), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
@@ -312,9 +321,9 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             every_k=ck.every if ck.kind == "full" else None, in_flight_microbatches=inflight,
             checkpoint_bytes=ckpt_act if ck.kind == "full" else None)
         if s == 0:
-            acts += inflight * b * m.seq_len * m.hidden * ebytes
+            acts += inflight * b * seq * m.hidden * ebytes
         if s == par.pipeline - 1:
-            acts += b * m.seq_len * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
+            acts += b * seq * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
         act_by_stage.append(acts)
         # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights) and the
         # two p2p activation buffers.

@@ -21,6 +21,7 @@ from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
+    COMM_CP,
     COMM_DP,
     COMM_EP,
     COMM_PP,
@@ -50,7 +51,7 @@ class TrainingExecutor:
         self.variability = variability  # seeded per-step stragglers and kernel jitter (None: none)
         self.env = world.env
         self.job = job
-        self.layout = Layout(job.dp, job.tp, job.pp, job.ep)
+        self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp)
         self.symmetric = symmetric
         self.stragglers = stragglers or {}
         topo = world.topology
@@ -137,7 +138,7 @@ class TrainingExecutor:
         for g in self.gpus:
             stage = lay.coords(g)[2]
             for x in [g, *self._same_place(g)]:
-                for kind in ("tp", "dp", "ep", "edp"):
+                for kind in ("tp", "dp", "ep", "edp", "cp"):
                     grp = self._group(x, kind)
                     if len(grp) > 1:
                         flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
@@ -171,7 +172,7 @@ class TrainingExecutor:
 
         for g in self.gpus:
             _, _, stage = lay.coords(g)
-            for kind in ("tp", "dp", "ep", "edp"):
+            for kind in ("tp", "dp", "ep", "edp", "cp"):
                 grp = self._group(g, kind)
                 if len(grp) > 1:
                     use(self._links_of(grp), (kind, tuple(grp)))
@@ -182,12 +183,12 @@ class TrainingExecutor:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self._p2p_mirrors(g, s2)]:
                         use(set(self.world.topology.route(a, b).links) & self._binding, ("pp", a))
         shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in ("tp", "dp", "ep", "edp") if k not in shared}
+        return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
 
     def _group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
-        if kind in ("ep", "edp"):  # MoE: expert-parallel all-to-all, expert-gradient sync
-            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g)
+        if kind in ("ep", "edp", "cp"):  # MoE all-to-all, expert-gradient sync; context-parallel K/V
+            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 
     def _links_of(self, group: list[int]) -> set[int]:
@@ -244,7 +245,7 @@ class TrainingExecutor:
         if p == 1 or size_bytes <= 0:
             return
         world = self.world
-        algorithm = "direct" if op == "all_to_all" else "ring"
+        algorithm = "direct" if op in ("all_to_all", "send_recv") else "ring"
         factory = lambda: coll.build(op, algorithm, p, size_bytes)  # noqa: E731
         if not self.symmetric:
             run = world.collective((kind, tuple(group), op), g, factory, group)
@@ -261,7 +262,7 @@ class TrainingExecutor:
             self._cache[key] = self.env.now - t0
             return
         mine = world.run_collective_alone(factory(), group)
-        if kind in ("tp", "dp", "ep", "edp"):
+        if kind in ("tp", "dp", "ep", "edp", "cp"):
             for mg in self._mirror_groups(g, kind):
                 world.run_collective_alone(factory(), mg).join_all()
         yield mine.join_all()
@@ -298,6 +299,9 @@ class TrainingExecutor:
         slow = self._slow(g, step)
         var = self.variability
         for b in blocks:
+            if b.comm == "ring@cp" and len(self._group(g, "cp")) > 1:  # context parallelism: ring attention
+                yield from self._ring(g, b, category, args, prefix)
+                continue
             if b.dur_s > 0:
                 start = env.now
                 dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s, bool(b.comm) and "@" not in b.comm and self.job.tp > 1)
@@ -309,8 +313,34 @@ class TrainingExecutor:
             if b.comm and b.comm_bytes > 0 and (self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1):
                 start = env.now
                 yield from self._collective(g, kind, op, b.comm_bytes)
-                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", COMM_EP if kind == "ep" else COMM_TP, start,
+                cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
+                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", cat, start,
                            {"bytes": b.comm_bytes, "op": op, **args})
+
+    def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):
+        """Ring attention over g's CP group: ``b`` (one K/V block's attention) runs once per member; while
+        it runs, the block moves one GPU along the ring (i → i+1; both ways for two GPUs) for the next."""
+        env, world, var = self.env, self.world, self.variability
+        n = len(self._group(g, "cp"))
+        op, size = ("all_to_all", 2 * b.comm_bytes) if n == 2 else ("send_recv", b.comm_bytes)
+        step = args.get("step", 0)
+        slow = self._slow(g, step)
+
+        def exchange(i: int):
+            start = env.now
+            yield from self._collective(g, "cp", op, size)
+            world.span(g, STREAM_COMM, f"{prefix} K/V ring {i + 1}/{n - 1}", COMM_CP, start,
+                       {"bytes": b.comm_bytes, "op": op, **args})
+
+        for i in range(n):
+            moving = env.process(exchange(i)) if i < n - 1 else None
+            start = env.now
+            dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s)
+            yield env.timeout(dur * slow)
+            world.compute_events += 1
+            world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} {i + 1}/{n}", category, start, args)
+            if moving is not None:
+                yield moving
 
     def _gpu(self, g: int):
         job = self.job

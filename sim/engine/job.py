@@ -65,6 +65,7 @@ class TrainingJob:
     static_bytes: list[float] = field(default_factory=list)  # per stage: weights+grads+optimizer+buffers
     steps: int = 1
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
+    cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
 
     @property
     def split_backward(self) -> bool:

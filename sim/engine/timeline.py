@@ -17,9 +17,10 @@ COMM_TP = "comm_tp"
 COMM_DP = "comm_dp"
 COMM_PP = "comm_pp"
 COMM_EP = "comm_ep"  # expert-parallel all-to-all (MoE dispatch / combine)
+COMM_CP = "comm_cp"  # context-parallel K/V exchange (ring attention) or gather
 COMM = "comm"  # a standalone collective workload
 COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE)
-COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EP, COMM)
+COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EP, COMM_CP, COMM)
 
 # Stream names (Chrome trace tid).
 STREAM_COMPUTE = "compute"

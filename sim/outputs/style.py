@@ -33,6 +33,7 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.COMM_DP: "#332288",  # indigo
     tl.COMM_PP: "#882255",  # wine
     tl.COMM_EP: "#88CCEE",  # cyan: expert-parallel all-to-all
+    tl.COMM_CP: "#CC6677",  # rose: context-parallel K/V ring
     tl.COMM: "#44AA99",  # teal: a standalone collective workload
 }
 CATEGORY_HATCHES: dict[str, str] = {tl.RECOMPUTE: "////"}
@@ -48,6 +49,7 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.COMM_DP: "DP collective",
     tl.COMM_PP: "PP send/recv",
     tl.COMM_EP: "EP all-to-all",
+    tl.COMM_CP: "CP K/V exchange",
     tl.COMM: "collective",
 }
 CATEGORY_ORDER: tuple[str, ...] = tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES

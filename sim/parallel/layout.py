@@ -16,6 +16,7 @@ class Layout:
     tp: int
     pp: int
     ep: int = 1  # expert parallelism: groups of ep consecutive data-parallel ranks share a layer's experts
+    cp: int = 1  # context parallelism: groups of cp consecutive data-parallel ranks split each sequence
 
     @property
     def world_size(self) -> int:
@@ -43,6 +44,13 @@ class Layout:
         d, t, p = self.coords(rank)
         first = d - d % self.ep
         return [self.rank(x, t, p) for x in range(first, first + self.ep)]
+
+    def cp_group(self, rank: int) -> list[int]:
+        """The ranks (same tensor rank and stage) holding the other parts of this rank's sequences; in
+        the data dimension, so gradients are summed over them too (as Megatron's DP×CP group)."""
+        d, t, p = self.coords(rank)
+        first = d - d % self.cp
+        return [self.rank(x, t, p) for x in range(first, first + self.cp)]
 
     def edp_group(self, rank: int) -> list[int]:
         """Ranks holding the same experts (same stage, same slot in their EP group, any tensor rank): their

@@ -739,6 +739,14 @@ class Parallel(_Strict):
         None, ge=1, description="expert parallelism: GPUs sharing one layer's experts, carved out of data "
         "(divides data and model.experts); null = 1"
     )
+    context: int | None = Field(
+        None, ge=1, description="context parallelism: GPUs splitting each sequence (ring attention); the "
+        "GPU count is data × context × tensor × pipeline; null = 1"
+    )
+    context_attention: Literal["ring", "all_gather"] | None = Field(
+        None, description="context parallelism: ring (K/V blocks passed around, overlapped; default) or "
+        "all_gather (Llama 3: gather K/V, then attend)"
+    )
     stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         description="layers of each model chunk in pipeline order (virtual stage = chunk × pipeline + stage), "
@@ -759,11 +767,15 @@ class Parallel(_Strict):
 
     @property
     def world_size(self) -> int:
-        return self.data * self.tensor * self.pipeline
+        return self.data * self.tensor * self.pipeline * self.cp
 
     @property
     def ep(self) -> int:
         return self.expert or 1
+
+    @property
+    def cp(self) -> int:
+        return self.context or 1
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -1092,7 +1104,8 @@ class Scenario(_Strict):
 
 # Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
 # use them read as before).
-OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "expert"), ("cluster", "jitter"),
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "expert"), ("parallel", "context"),
+                 ("parallel", "context_attention"), ("cluster", "jitter"),
                  ("cluster", "random_stragglers"), *(("model", f) for f in MOE_FIELDS))
 
 
@@ -1101,8 +1114,8 @@ OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "e
 
 def _layout_fix(p: Parallel, n: int) -> str:
     """One change of a single degree that makes data×tensor×pipeline = n, as a --set."""
-    if n % (p.tensor * p.pipeline) == 0:
-        return f"--set parallel.data={n // (p.tensor * p.pipeline)}"
+    if n % (p.tensor * p.pipeline * p.cp) == 0:
+        return f"--set parallel.data={n // (p.tensor * p.pipeline * p.cp)}"
     if n % (p.data * p.tensor) == 0:
         return f"--set parallel.pipeline={n // (p.data * p.tensor)}"
     if n % (p.data * p.pipeline) == 0:
@@ -1129,7 +1142,8 @@ def _layout(sc: Scenario) -> None:
     if p is not None and p.world_size != c.total_gpus:
         raise RuleError(
             "parallel",
-            f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}",
+            (f"data×tensor×pipeline×context = {p.data}×{p.tensor}×{p.pipeline}×{p.cp} = {p.world_size}"
+             if p.cp > 1 else f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}"),
             f"must equal the GPU count nodes×gpus_per_node = {c.nodes}×{c.gpus_per_node} = {c.total_gpus}",
             f"make the product {c.total_gpus}, e.g. {_layout_fix(p, c.total_gpus)}",
         )
@@ -1167,6 +1181,28 @@ def _experts(sc: Scenario) -> None:
     if p.zero == 3:
         raise RuleError("parallel.zero", "3", "ZeRO-3 with expert parallelism is not modelled",
                         "use zero ≤ 2, or expert: 1")
+
+
+def _context(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or (p.cp == 1 and p.context_attention is None):
+        return
+    if p.cp == 1:
+        raise RuleError("parallel.context_attention", show(p.context_attention),
+                        "applies to context parallelism", "set parallel.context > 1, or remove it")
+    if not isinstance(m, TransformerModel):
+        raise RuleError("parallel.context", show(p.context), f"splits sequences; a {m.kind} model has none",
+                        "use a transformer model, or remove parallel.context")
+    if p.ep > 1:
+        raise RuleError("parallel.context", show(p.context), "context and expert parallelism together are "
+                        "not modelled", "use one of them")
+    mb = sc.training.micro_batch if sc.training else 1
+    step = p.cp * (p.tensor if p.sequence_parallel and p.tensor > 1 else 1)
+    if m.seq_len % p.cp or (m.seq_len // p.cp * mb) % (step // p.cp):
+        raise RuleError("model.seq_len", show(m.seq_len),
+                        f"context = {p.cp} splits every sequence: seq_len must divide by it (and, with "
+                        f"sequence parallelism, seq_len/context × micro_batch by tensor = {p.tensor})",
+                        f"use seq_len a multiple of {step}")
 
 
 def _stage_layers(sc: Scenario) -> None:
@@ -1345,5 +1381,5 @@ def _reliability(sc: Scenario) -> None:
                         "set training.tokens (transformers) or training.train_steps")
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
+SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
                   _reliability)

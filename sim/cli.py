@@ -42,7 +42,10 @@ def summary_table(summary: dict) -> str:
     par = summary.get("parallel", {})
     rows += [
         ("GPUs", f"{summary['num_gpus']} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
-                 f"{par.get('pipeline')}, {par.get('schedule')}, ZeRO {par.get('zero')})"),
+                 f"{par.get('pipeline')}"
+                 + (f" × context {par['context']} ({par['context_attention']})" if par.get("context") else "")
+                 + (f", expert {par['expert']} of data" if par.get("expert") else "")
+                 + f", {par.get('schedule')}, ZeRO {par.get('zero')})"),
         ("step time", _fmt_time(summary["step_time_s"])),
         ("throughput", f"{summary['samples_per_s']:.2f} samples/s"
                        + (f", {summary['tokens_per_s']:.4g} tokens/s" if summary.get("workload") == "transformer" else "")),

@@ -104,11 +104,12 @@ class Estimator:
             from sim.errors import ScenarioError
 
             raise ScenarioError(f"plan needs a transformer model, not {scenario.model.kind}", "model")
-        if getattr(scenario.model, "experts", None) is not None:
+        if getattr(scenario.model, "experts", None) is not None or scenario.parallel.cp > 1:
             from sim.errors import ScenarioError
 
-            raise ScenarioError("plan does not search mixture-of-experts layouts yet (its closed forms are "
-                                "dense); simulate MoE layouts with run or sweep", "model.experts")
+            field = "model.experts" if getattr(scenario.model, "experts", None) is not None else "parallel.context"
+            raise ScenarioError("plan does not search mixture-of-experts or context-parallel layouts yet (its "
+                                "closed forms are dense, without context); simulate them with run or sweep", field)
         self.scenario = scenario
         m = scenario.model
         self.dims = m.to_dims()

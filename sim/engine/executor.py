@@ -188,6 +188,8 @@ class TrainingExecutor:
     def _group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
         if kind in ("ep", "edp", "cp"):  # MoE all-to-all, expert-gradient sync; context-parallel K/V
+            if (lay.cp if kind == "cp" else lay.ep) == 1:
+                return [g]  # not used by this job (dense, or no context parallelism)
             return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 

@@ -85,7 +85,7 @@ def summary_table(summary: dict) -> str:
     if rel:
         mc = rel.get("monte_carlo")
         mc_txt = (f"; Monte-Carlo {mc['wall_s'] / 86400:.2f} ± {mc['wall_ci95_s'] / 86400:.2f} days"
-                  if mc else "")
+                  if mc and "wall_s" in mc else "")
         rows.append(("with failures", f"{rel['expected_time_to_train_days']:.2f} days, goodput "
                                       f"{rel['goodput']:.1%}, ${rel['effective_cost_usd']:,.0f}{mc_txt}"))
         rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({_fmt_time(rel['interval_s'])}; "

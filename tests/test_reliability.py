@@ -146,3 +146,18 @@ def test_async_key_round_trips():
     back = sc.resolved()
     assert back["reliability"]["checkpoint"]["async"] is True
     assert scenario_from_dict(back) == sc
+
+
+def test_hopeless_mtbf_is_one_line_and_huge_runs_skip_the_monte_carlo():
+    from sim.errors import ScenarioError
+
+    d = json.loads(json.dumps(RUN))
+    d["reliability"]["gpu_mtbf_hours"] = 0.001  # 8 GPUs: a failure every 0.45 s, restarts take 300 s
+    with pytest.raises(ScenarioError, match="never finish"):
+        simulate(scenario_from_dict(d))
+    d["reliability"]["gpu_mtbf_hours"] = 5.0  # ~12,000 failures a run × 300 runs: closed form only
+    d["reliability"]["node_mtbf_hours"] = d["reliability"]["link_mtbf_hours"] = None
+    d["reliability"]["monte_carlo_trials"] = 300
+    d["training"]["train_steps"] = 200_000_000
+    r = simulate(scenario_from_dict(d)).summary["reliability"]
+    assert "skipped" in r["monte_carlo"] and r["goodput"] < 1

@@ -36,7 +36,7 @@ def goodput_figure(summary: dict) -> Figure:
             label=f"used: every {rel['interval_steps']} steps ({_time_label(chosen)}), "
                   f"{100 * rel['goodput']:.1f} %")
     mc = rel.get("monte_carlo")
-    if mc:
+    if mc and "wall_s" in mc:
         work = rel["failure_free_s"]
         lo, hi = work / (mc["wall_s"] + mc["wall_ci95_s"]), work / max(mc["wall_s"] - mc["wall_ci95_s"], 1e-9)
         g = 100 * mc["goodput"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from sim import memory as mem
+from sim.errors import ScenarioError
 from sim.hardware.links import INTRA_PRESETS
 from sim.run import reliability as rel
 from sim.units import GB
@@ -18,6 +19,10 @@ from sim.units import GB
 # efficiency of the pcie4 link preset (31.5 GB/s per direction × 0.8; see sim/hardware/links.py).
 _PCIE = INTRA_PRESETS["pcie4"]
 DEFAULT_SNAPSHOT_BPS = (_PCIE.bandwidth_GBps or 0.0) * GB * _PCIE.efficiency
+# Beyond (restart + interval) / MTBF of this, a segment's expected retries, e^x, are astronomically many.
+MAX_EXPOSURE = 30.0
+# The Monte-Carlo samples every failure; above this many per run it is skipped (the closed form stays).
+MAX_MC_FAILURES = 200_000
 
 
 def checkpoint_bytes(scenario, params_total: float) -> float:
@@ -52,6 +57,12 @@ def plan_for(scenario, summary: dict, params_total: float) -> tuple[rel.Plan, di
         steps = r.checkpoint.interval
     plan = rel.Plan(work_s=work, mtbf_s=mtbf, interval_s=steps * step, checkpoint_s=block_s,
                     restart_s=r.restart_s, durable_lag_s=lag_s)
+    exposure = (r.restart_s + plan.interval_s + block_s + lag_s) / mtbf
+    if exposure > MAX_EXPOSURE:
+        raise ScenarioError(
+            f"job MTBF {mtbf:.4g} s is {exposure:.0f}× shorter than a restart plus a checkpoint interval "
+            f"({r.restart_s:g} + {plan.interval_s:.4g} s): the run would practically never finish; raise the "
+            "MTBFs, or shorten restart_s or the checkpoint interval", "reliability")
     facts = {
         "job_mtbf_s": mtbf,
         "job_mtbf_hours": mtbf / rel.HOUR_S,
@@ -83,7 +94,10 @@ def reliability_summary(scenario, summary: dict, params_total: float) -> dict:
     out["effective_cost_usd"] = closed.wall_s * price
     out["failure_free_cost_usd"] = plan.work_s * price
     trials = scenario.reliability.monte_carlo_trials
-    if trials:
+    if trials and closed.failures * trials > MAX_MC_FAILURES * 10:
+        out["monte_carlo"] = {"skipped": f"{closed.failures:.3g} failures per run × {trials} runs is too many "
+                                         "to sample; the closed form is exact for this model"}
+    elif trials:
         mc = rel.monte_carlo(plan, trials, scenario.simulation.seed)
         mc["effective_cost_usd"] = mc["wall_s"] * price
         out["monte_carlo"] = mc

@@ -133,3 +133,14 @@ def test_bad_moe_input(change, expect):
     with pytest.raises(ScenarioError) as e:
         scenario_from_dict(d)
     assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("par", [{}, {"data": 4, "tensor": 2, "pipeline": 2, "expert": 4}])
+def test_symmetric_moe_matches_every_gpu(par):
+    """One GPU per stage standing for the rest (EP all-to-alls and expert-gradient syncs run over their
+    real groups): within 2 % of simulating all 16 GPUs (measured: 1.0 % without pipelining, 0.01 % with)."""
+    d = _small(**par)
+    d["training"]["global_batch"] = 32
+    on = simulate(scenario_from_dict({**d, "simulation": {"symmetry": "on"}})).summary
+    off = simulate(scenario_from_dict({**d, "simulation": {"symmetry": "off"}})).summary
+    assert on["step_time_s"] == pytest.approx(off["step_time_s"], rel=0.02)

@@ -161,3 +161,17 @@ def test_hopeless_mtbf_is_one_line_and_huge_runs_skip_the_monte_carlo():
     d["training"]["train_steps"] = 200_000_000
     r = simulate(scenario_from_dict(d)).summary["reliability"]
     assert "skipped" in r["monte_carlo"] and r["goodput"] < 1
+
+
+def test_cli_run_prints_goodput_and_writes_the_chart(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "rel.yaml"
+    path.write_text(yaml.safe_dump(RUN))
+    out = subprocess.run([sys.executable, "-m", "sim", "run", str(path), "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "with failures" in out and "goodput" in out and "checkpoints" in out
+    assert (tmp_path / "r" / "goodput.png").is_file() and (tmp_path / "r" / "goodput.svg").is_file()

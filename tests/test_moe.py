@@ -144,3 +144,25 @@ def test_symmetric_moe_matches_every_gpu(par):
     on = simulate(scenario_from_dict({**d, "simulation": {"symmetry": "on"}})).summary
     off = simulate(scenario_from_dict({**d, "simulation": {"symmetry": "off"}})).summary
     assert on["step_time_s"] == pytest.approx(off["step_time_s"], rel=0.02)
+
+
+def test_shared_experts_params_flops_and_run():
+    """Shared experts add a dense MLP of width shared × ffn_e: its weights, FLOPs for every token, and two
+    TP collectives forward (sequence parallelism: all-gather + reduce-scatter)."""
+    d = _small()
+    d["model"]["shared_experts"] = 2
+    sc = scenario_from_dict(d)
+    dims, spec = sc.model.to_dims(), sc.model.to_moe()
+    plain = scenario_from_dict(_small()).model.to_moe()
+    h, f = 1024, 2048
+    assert moe_ops.dense_params(dims, spec) - moe_ops.dense_params(dims, plain) == 2 * 3 * h * f
+    B, s = 16, dims.seq_len
+    extra = 3.0 * B * dims.layers * 2.0 * s * 2 * 3 * h * f
+    assert moe_ops.model_flops_per_iteration(dims, spec, B) - moe_ops.model_flops_per_iteration(dims, plain, B) \
+        == pytest.approx(extra)
+    for sp in (False, True):
+        d["parallel"]["sequence_parallel"] = sp
+        res = simulate(scenario_from_dict(d))
+        shared = [x for x in res.timeline.spans if x.gpu == 0 and "shared_up" in x.name]
+        assert shared and res.summary["step_time_s"] > simulate(scenario_from_dict(
+            {**_small(), "parallel": {**_small()["parallel"], "sequence_parallel": sp}})).summary["step_time_s"]

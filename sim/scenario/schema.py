@@ -508,6 +508,10 @@ class TransformerModel(_Strict):
     load_imbalance: float | None = Field(
         None, ge=1, description="MoE, dropless: busiest GPU's routed tokens / the mean; default 1"
     )
+    shared_experts: int | None = Field(
+        None, ge=1, description="MoE: shared experts every token uses (width expert_ffn_hidden each), run "
+        "as a tensor-parallel MLP beside the routed ones (DeepSeek-MoE style)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -532,7 +536,7 @@ class TransformerModel(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> TransformerModel:
-        moe_keys = ("top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance")
+        moe_keys = ("top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance", "shared_experts")
         if self.experts is None:
             for key in moe_keys:
                 if getattr(self, key) is not None:
@@ -577,7 +581,8 @@ class TransformerModel(_Strict):
 
         return MoESpec(experts=self.experts, top_k=self.top_k or 2,
                        ffn_hidden=self.expert_ffn_hidden or self.ffn_hidden,
-                       capacity_factor=self.capacity_factor, load_imbalance=self.load_imbalance or 1.0)
+                       capacity_factor=self.capacity_factor, load_imbalance=self.load_imbalance or 1.0,
+                       shared=self.shared_experts or 0)
 
     def to_dims(self) -> Any:
         """The workload's ``TransformerDims`` for this model (imported late: schema does not need it)."""
@@ -586,7 +591,7 @@ class TransformerModel(_Strict):
         return TransformerDims(**{f: getattr(self, f) for f in _DIM_FIELDS})
 
 
-MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance")
+MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance", "shared_experts")
 _DIM_FIELDS = tuple(
     f for f in TransformerModel.model_fields
     if f not in ("kind", "preset", "hf_config", "name", "attention", *MOE_FIELDS)
@@ -1165,6 +1170,11 @@ def _stages(sc: Scenario) -> None:
 
 def _experts(sc: Scenario) -> None:
     p, m = sc.parallel, sc.model
+    shared = getattr(m, "shared_experts", None)
+    if p is not None and shared and (shared * (m.expert_ffn_hidden or m.ffn_hidden)) % p.tensor:
+        raise RuleError("model.shared_experts", show(shared),
+                        f"the shared experts' width shared_experts × expert_ffn_hidden must divide by "
+                        f"tensor = {p.tensor} (they are split like the dense MLP)", "change tensor or the widths")
     if p is None or p.ep == 1:
         return
     experts = getattr(m, "experts", None)

@@ -14,6 +14,10 @@ expert's buffer to c× its fair share (Switch), a dropless router gets the real 
 carries ``load_imbalance``× the mean. Each all-to-all moves the rank's whole buffer, tokens·top_k·f·h
 elements, 1/ep of it to each member (its own share stays): (ep − 1)/ep of the buffer leaves the GPU.
 
+Shared experts (DeepSeek-MoE, Dai et al. 2024), which every token uses, run beside the routed ones as one
+tensor-parallel MLP of width shared × ffn_e on all tokens, exactly like the dense layer's MLP (its TP
+collectives included), and their gradients are summed over data parallelism with the other dense weights.
+
 Backward mirrors it: the combine's gradient goes back by all-to-all, the expert input gradients return to
 the tokens' owners by another; weight gradients of the experts are summed over the GPUs holding the same
 experts (the expert-data-parallel group, ``data/ep × tensor`` GPUs), the rest over data parallelism.
@@ -42,6 +46,7 @@ class MoESpec:
     ffn_hidden: int  # one expert's MLP width
     capacity_factor: float | None = None  # None: dropless
     load_imbalance: float = 1.0  # dropless: busiest GPU's routed tokens / the mean
+    shared: int = 0  # shared experts (every token), a tensor-parallel MLP of width shared × ffn_hidden
 
     @property
     def load_factor(self) -> float:
@@ -51,19 +56,21 @@ class MoESpec:
 
 def expert_params(d: tf.TransformerDims, moe: MoESpec) -> int:
     """Weights of all routed experts of one layer (each an MLP like the dense one, of width ffn_e)."""
-    per = d.mlp_matrices * d.hidden * moe.ffn_hidden
+    return moe.experts * _mlp_params(d, moe.ffn_hidden)
+
+
+def _mlp_params(d: tf.TransformerDims, width: int) -> int:
+    params = d.mlp_matrices * d.hidden * width
     if d.bias:
-        up = 2 * moe.ffn_hidden if d.mlp == "swiglu" else moe.ffn_hidden
-        per += up + d.hidden
-    return moe.experts * per
+        params += (2 * width if d.mlp == "swiglu" else width) + d.hidden
+    return params
 
 
 def dense_params(d: tf.TransformerDims, moe: MoESpec) -> int:
-    """The rest of a MoE layer: attention, norms and the router (h × E)."""
-    dense_mlp = d.mlp_matrices * d.hidden * d.ffn_hidden
-    if d.bias:
-        dense_mlp += (2 * d.ffn_hidden if d.mlp == "swiglu" else d.ffn_hidden) + d.hidden
-    return tf.layer_params(d) - dense_mlp + d.hidden * moe.experts
+    """The rest of a MoE layer, split by tensor parallelism and summed over data parallelism: attention,
+    norms, the router (h × E) and the shared experts."""
+    shared = _mlp_params(d, moe.shared * moe.ffn_hidden) if moe.shared else 0
+    return tf.layer_params(d) - _mlp_params(d, d.ffn_hidden) + d.hidden * moe.experts + shared
 
 
 def model_params(d: tf.TransformerDims, moe: MoESpec) -> int:
@@ -71,7 +78,7 @@ def model_params(d: tf.TransformerDims, moe: MoESpec) -> int:
 
 
 def active_params(d: tf.TransformerDims, moe: MoESpec) -> int:
-    """Parameters one token uses (top_k experts): what the FLOPs follow."""
+    """Parameters one token uses (top_k routed experts, the shared ones): what the FLOPs follow."""
     return model_params(d, moe) - d.layers * expert_params(d, moe) * (moe.experts - moe.top_k) // moe.experts
 
 
@@ -119,11 +126,31 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     add2 = tf._dropout_add_fwd("mlp_dropout_add", local, h, act)
     seg = tf._seg
     regather = t > 1 and not sp  # restore the TP-replicated activations after the combine
+    shared_fwd: tuple[tf.Segment, ...] = ()
+    shared_bwd: tuple[tf.Segment, ...] = ()
+    shared_w: tuple = ()
+    if moe.shared:  # a tensor-parallel MLP on all tokens, as the dense layer's (Megatron's shared expert)
+        sw = moe.shared * moe.ffn_hidden // t
+        s_up = gemm("shared_up", tokens, (2 if d.mlp == "swiglu" else 1) * sw, h, dtype)
+        s_down = gemm("shared_down", tokens, h, sw, dtype)
+        s_act = tf._activation_fwd(d.mlp, tokens, sw, act)
+        s_act_b = tf._activation_bwd(d.mlp, tokens, sw, act)
+        if sp:  # gather the sequence shards in, reduce-scatter the partial sums out
+            shared_fwd = (seg((), before_col, comm_bytes), seg((s_up, s_act, s_down), after_row, comm_bytes))
+            shared_bwd = (seg((), tf._conjugate(after_row, t), comm_bytes),
+                          seg((tf._dgrad(s_down), s_act_b, tf._dgrad(s_up)), tf._conjugate(before_col, t),
+                              comm_bytes))
+        else:
+            shared_fwd = (seg((s_up, s_act, s_down), after_row, comm_bytes),)
+            shared_bwd = (seg((tf._dgrad(s_down), s_act_b, tf._dgrad(s_up)), tf._conjugate(before_col, t),
+                              comm_bytes),)
+        shared_w = (tf._wgrad(s_down), tf._wgrad(s_up))
     attention = ((seg((norm1,), before_col, comm_bytes), seg((qkv, core, attn_out), after_row, comm_bytes))
                  if sp else (seg((norm1, qkv, core, attn_out), after_row, comm_bytes),))
     forward = (
         *attention,
         seg((add1, norm2, router, topk), None, 0.0),
+        *shared_fwd,
         seg((permute,), ALL_TO_ALL_EP if ep > 1 else None, a2a),  # dispatch
         seg((up, mlp_act, down), ALL_TO_ALL_EP if ep > 1 else None, a2a),  # combine
         *((seg((unpermute,), ALL_GATHER_TP, comm_bytes),) if regather else (seg((unpermute,), None, 0.0),)),
@@ -151,8 +178,9 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     else:
         tail = (seg((permute_b, router_b, norm2_b, add1_b, *attn_grads), grad_col, comm_bytes),
                 seg((norm1_b,), None, 0.0))
-    backward_input = (*head, experts_b, *tail)
-    backward_weight = (tf._wgrad(down), tf._wgrad(up), tf._wgrad(router), tf._wgrad(attn_out), tf._wgrad(qkv))
+    backward_input = (*head, experts_b, *shared_bwd, *tail)
+    backward_weight = (tf._wgrad(down), tf._wgrad(up), *shared_w, tf._wgrad(router), tf._wgrad(attn_out),
+                       tf._wgrad(qkv))
     return tf.LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
 
 
@@ -161,7 +189,7 @@ def model_flops_per_iteration(d: tf.TransformerDims, moe: MoESpec, global_batch:
     dense = tf.model_flops_per_iteration(d, global_batch)
     s = d.seq_len
     dense_mlp = d.mlp_matrices * d.hidden * d.ffn_hidden
-    moe_mlp = moe.top_k * d.mlp_matrices * d.hidden * moe.ffn_hidden + d.hidden * moe.experts
+    moe_mlp = (moe.top_k + moe.shared) * d.mlp_matrices * d.hidden * moe.ffn_hidden + d.hidden * moe.experts
     return dense + 3.0 * global_batch * d.layers * 2.0 * s * (moe_mlp - dense_mlp)
 
 
@@ -178,4 +206,7 @@ def activation_bytes_per_layer(d: tf.TransformerDims, moe: MoESpec, *, dense_byt
     routed = mine * moe.top_k * moe.load_factor
     up_w = (2 if d.mlp == "swiglu" else 1) * moe.ffn_hidden
     experts = routed * (d.hidden + up_w + moe.ffn_hidden) * bytes_per_elem + mine * moe.experts * _FP32
+    if moe.shared:  # input (gathered), up outputs and activation output of the shared MLP (1/t of its width)
+        sw = moe.shared * moe.ffn_hidden
+        experts += micro_batch * d.seq_len * (d.hidden + (up_w // moe.ffn_hidden + 1) * sw / tp) * bytes_per_elem
     return dense_bytes - mlp_dense + experts

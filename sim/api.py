@@ -35,8 +35,8 @@ def _use_symmetry(scenario) -> bool:
         return True
     if mode == "off":
         return False
-    if scenario.cluster.stragglers:
-        return False  # a straggler breaks the symmetry
+    if scenario.cluster.fixed_stragglers:
+        return False  # a straggler breaks the symmetry (random ones are reduced per stage: see variability)
     return scenario.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
 
 
@@ -121,7 +121,8 @@ def _collective(scenario, world: World) -> RunResult:
 def _training(scenario, world: World, cost) -> RunResult:
     job, info = build_job(scenario, cost)
     symmetric = _use_symmetry(scenario)
-    ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.stragglers))
+    ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.fixed_stragglers),
+                          variability=_variability(scenario, symmetric))
     ex.run()
     world.timeline.end_s = world.env.now
     tr = scenario.training
@@ -139,12 +140,42 @@ def _training(scenario, world: World, cost) -> RunResult:
     par = scenario.parallel
     summary["parallel"] = {"data": par.data, "tensor": par.tensor, "pipeline": par.pipeline,
                            "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
+    if par.ep > 1:
+        summary["parallel"]["expert"] = par.ep
+    if par.cp > 1:
+        summary["parallel"]["context"] = par.cp
+        summary["parallel"]["context_attention"] = par.context_attention or "ring"
     _memory_summary(summary, scenario, info, world.timeline)
     _cost_summary(summary, scenario)
+    if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)
+        from sim.run.goodput import reliability_summary
+
+        summary["reliability"] = reliability_summary(scenario, summary, info.params_total)
+    if ex.variability is not None or len(ex.step_end_s) > 1:
+        from sim.engine.variability import percentiles
+
+        summary.update(percentiles(summary["step_times_s"]))
     if info.loss_scale:
         summary["loss_scale"] = info.loss_scale
         summary["skipped_steps"] = sum(1 for r in info.loss_scale if r["skipped"])
     return RunResult(summary, world.timeline, scenario, info=info)
+
+
+def _variability(scenario, symmetric: bool):
+    """Seeded jitter and random stragglers for the executor, or None (every step identical)."""
+    c = scenario.cluster
+    rs = c.random_stragglers
+    if c.jitter is None and rs is None:
+        return None
+    from sim.engine.variability import Variability
+    from sim.parallel.layout import Layout
+
+    par = scenario.parallel
+    return Variability(seed=scenario.simulation.seed,
+                       layout=Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp),
+                       symmetric=symmetric, jitter_sigma=c.jitter.sigma if c.jitter else 0.0,
+                       straggler_probability=rs.probability if rs else 0.0,
+                       straggler_slowdown=rs.slowdown if rs else 1.0)
 
 
 def _memory_summary(summary: dict, scenario, info: JobInfo, timeline: Timeline) -> None:

@@ -15,8 +15,11 @@ from sim.cost.roofline import RooflineCostModel
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
 from sim.engine.timeline import CLIP_GRAD, DATA, GRAD_ACCUM
 from sim.hardware.topology import Topology
+from sim.parallel import context as ctx
 from sim.parallel.layout import partition_layers
 from sim.units import DTYPE_BYTES, MB
+from sim.workload import moe as moe_ops
+from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS, KernelSet
 from sim.workload.ops import GEMM, Op, elementwise
 
@@ -104,9 +107,9 @@ def _grad_elem_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "tf32") else 2
 
 
-def _stage_chunks(n_layers: int, pp: int, v: int) -> list[list[int]]:
-    """Layer indices of each virtual stage (index vs = chunk * pp + stage)."""
-    return partition_layers(n_layers, pp * v)
+def _stage_chunks(n_layers: int, pp: int, v: int, counts: list[int] | None = None) -> list[list[int]]:
+    """Layer indices of each virtual stage (index vs = chunk * pp + stage); ``counts`` = parallel.stage_layers."""
+    return partition_layers(n_layers, pp * v, counts)
 
 
 def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
@@ -149,23 +152,31 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
         decompress = _op_block(cost, "topk decompress", [
             elementwise("topk scatter-add", 4 * n + par.data * k * (e + 4 + 2 * 4), "fp32")])[0]
     return TrainingJob(
-        dp=par.data, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
+        dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
         bucket_bytes=par.bucket_MB * MB, overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
         decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
-        steps=scenario.simulation.steps,
+        steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
     )
 
 
 def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[float],
-                     buffers_by_stage: list[float], grad_bytes_per_param: float | None = None) -> list[dict]:
+                     buffers_by_stage: list[float], grad_bytes_per_param: float | None = None,
+                     expert_by_stage: list[float] | None = None) -> list[dict]:
+    """Per stage: model states (ZeRO over data parallelism; MoE experts' over their expert-DP group),
+    activations and buffers."""
     par, tr = scenario.parallel, scenario.training
     out = []
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
     for s, params in enumerate(params_by_stage):
-        st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data, precision=tr.precision,
-                                   optimizer="sgd" if tr.optimizer == "sgd" else "adam",
-                                   grad_bytes_per_param=grad_bytes_per_param)
+        st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data * par.cp, precision=tr.precision,
+                                   optimizer=opt, grad_bytes_per_param=grad_bytes_per_param)
+        if expert_by_stage:
+            ex = mem.model_state_bytes(expert_by_stage[s], zero_stage=par.zero, precision=tr.precision,
+                                       dp=par.data // par.ep * par.tensor, optimizer=opt,
+                                       grad_bytes_per_param=grad_bytes_per_param)
+            st = {k: st[k] + ex[k] for k in st}
         b = mem.MemoryBreakdown(st["weights"], st["gradients"], st["optimizer"], act_by_stage[s], buffers_by_stage[s])
         d = b.as_dict()
         d["stage"] = s
@@ -177,13 +188,13 @@ def _optimizer_block(cost: CostModel, scenario, params_per_gpu: float) -> tuple[
     par, tr = scenario.parallel, scenario.training
     mixed = tr.precision not in ("fp32", "tf32")
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
-    shard = params_per_gpu / (par.data if par.zero >= 1 else 1)
+    shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
     opt_block = _op_block(cost, "optimizer step", [
         elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32")])[0]
     unscale = None
     if tr.loss_scaling.kind != "none":
         # Unscale (multiply by 1/S) and check for inf/NaN: read and write the fp32 gradients once.
-        grads = params_per_gpu / (par.data if par.zero >= 2 else 1)
+        grads = params_per_gpu / (par.data * par.cp if par.zero >= 2 else 1)
         unscale = _op_block(cost, "unscale+inf check", [elementwise("unscale", grads * 8, "fp32")])[0]
     return opt_block, unscale
 
@@ -200,7 +211,7 @@ def _single_gpu_optimizer_s(cost: CostModel, scenario, params: float) -> float:
 def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     e = _grad_elem_bytes(tr.precision)
-    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     for layer_ids in parts:
         layers = tuple(
@@ -224,8 +235,6 @@ def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
 
 # ---- transformer ----------------------------------------------------------------------------------
 def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    from sim.workload import transformer as tf
-
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     d = tf.TransformerDims(
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden, vocab=m.vocab,
@@ -237,8 +246,17 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     act_dtype = "bf16" if dtype == "fp8" else dtype
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = _main_grad_bytes(dtype, ks)
+    moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
+    # Context parallelism: each GPU works on seq/cp tokens of every sequence (sim.parallel.context).
+    cp, seq = par.cp, m.seq_len // par.cp
+    dl = ctx.local_dims(d, cp)
     kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-    lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
+    if moe is None:
+        lo = tf.layer_ops(dl, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
+    else:
+        lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype)
+    lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
+                               kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     host = ks.host_dispatch_us * 1e-6
     fwd = _blocks(cost, lo.forward, host_s=host)
     bwd = _blocks(cost, lo.backward_input, host_s=host)
@@ -246,11 +264,12 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
-        recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)],
-                              host)
+        ring = cp if (par.context_attention or "ring") == "ring" else 1  # a ring block is one of cp steps
+        recompute = _op_block(cost, "attention",
+                              [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)] * ring, host)
     else:
         recompute = ()
-    act_kw = dict(seq=m.seq_len, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
+    act_kw = dict(seq=seq, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
                   bytes_per_elem=ebytes)
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
@@ -260,20 +279,29 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     full_layer_act = mem.activation_bytes_per_layer(checkpointing="selective" if flash else "none", **act_kw)
     ckpt_act = mem.activation_bytes_per_layer(checkpointing=stored, **act_kw)
     layer_params = tf.layer_params(d) / t
+    expert_local = 0.0  # MoE: this GPU's experts' parameters per layer (synced over the expert-DP group)
+    if moe is not None:
+        full_layer_act = moe_ops.activation_bytes_per_layer(
+            d, moe, dense_bytes=full_layer_act, micro_batch=b, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
+        if ck.kind != "full":
+            ckpt_act = moe_ops.activation_bytes_per_layer(
+                d, moe, dense_bytes=ckpt_act, micro_batch=b, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
+        layer_params = moe_ops.dense_params(d, moe) / t
+        expert_local = moe_ops.expert_params(d, moe) / par.ep
     # Per layer kept between forward and backward: the checkpoint (full: one in `every` layers).
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
     # While a full-checkpointing segment of `every` layers is recomputed, their activations are live again.
     workspace = ck.every * full_layer_act if ck.kind == "full" else 0.0
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
-                 workspace_bytes=workspace)
-    emb = tf.embedding_ops(d, **kw)
-    head = tf.head_ops(d, **kw)
+                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes)
+    emb = tf.embedding_ops(dl, **kw)
+    head = tf.head_ops(dl, **kw)
     emb_params = tf.embedding_params(d) / t
     vsn = par.pipeline * par.virtual_stages
     # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
     head_params = emb_params if (not d.tied_embeddings or vsn > 1) else 0.0
-    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages)
-    activation = b * m.seq_len * m.hidden * ebytes
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
+    activation = b * seq * m.hidden * ebytes
     # Between stages each TP rank sends 1/t of the activation when it is split already (sequence
     # parallelism) or Megatron's scatter/gather splits it (then an all-gather over TP follows on arrival);
     # otherwise every TP rank sends the whole tensor.
@@ -290,11 +318,11 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
                                    _blocks(cost, emb.backward_input, host_s=host),
                                    _op_block(cost, "wgrad", emb.backward_weight, host) + emb_accumulate, (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
-                                   activation_bytes=b * m.seq_len * m.hidden * ebytes / (t if sp else 1)))
+                                   activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1)))
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
-            logits_act = b * m.seq_len * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
+            logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
             works.append(LayerWork("head", _blocks(cost, head.forward, host_s=host),
                                    _blocks(cost, head.backward_input, host_s=host),
                                    _weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
@@ -306,10 +334,16 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     info.model_flops_per_step = tf.model_flops_per_iteration(d, gb)
     info.hardware_flops_per_step = tf.hardware_flops_per_iteration(d, gb, ck.kind)
     info.params_total = tf.model_params(d)
+    if moe is not None:  # active experts' FLOPs (recompute counted as for the dense shape)
+        flops = moe_ops.model_flops_per_iteration(d, moe, gb)
+        info.hardware_flops_per_step += flops - info.model_flops_per_step
+        info.model_flops_per_step = flops
+        info.params_total = moe_ops.model_params(d, moe)
     # Memory per stage (analytic; the simulation's own counter track is compared in metrics).
-    params_by_stage, act_by_stage, buf_by_stage = [], [], []
+    params_by_stage, act_by_stage, buf_by_stage, expert_by_stage = [], [], [], []
     for s in range(par.pipeline):
         n_layers = sum(len(parts[c * par.pipeline + s]) for c in range(par.virtual_stages))
+        expert_by_stage.append(n_layers * expert_local)
         p_s = n_layers * layer_params + (emb_params if s == 0 else 0) + (head_params if s == par.pipeline - 1 else 0)
         params_by_stage.append(p_s)
         inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
@@ -319,26 +353,28 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             every_k=ck.every if ck.kind == "full" else None, in_flight_microbatches=inflight,
             checkpoint_bytes=ckpt_act if ck.kind == "full" else None)
         if s == 0:
-            acts += inflight * b * m.seq_len * m.hidden * ebytes
+            acts += inflight * b * seq * m.hidden * ebytes
         if s == par.pipeline - 1:
-            acts += b * m.seq_len * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
+            acts += b * seq * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
         act_by_stage.append(acts)
         # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights) and the
         # two p2p activation buffers.
         buf = 2 * par.bucket_MB * MB if par.zero < 3 else 2 * layer_params * ebytes * par.data
         buf_by_stage.append(buf + 2 * send)
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes,
+                                            expert_by_stage if moe is not None else None)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
     # Every kernel set is a Megatron-family stack: its step is a norm pass, fused Adam, the copy to the
     # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
-    _, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
-    opt_block, clip = _megatron_optimizer(cost, scenario, max(params_by_stage), gbytes)
+    held = max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True))
+    _, unscale = _optimizer_block(cost, scenario, held)
+    opt_block, clip = _megatron_optimizer(cost, scenario, held, gbytes)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.clip = clip if tr.grad_clip is not None else None
     if d.tied_embeddings and par.pipeline > 1:  # the word embeddings only (positions stay on stage 0)
         job.embedding_sync_bytes = math.ceil(d.vocab / t) * d.hidden * gbytes
-    tokens_bytes = 2 * b * m.seq_len * 8  # int64 tokens and labels
+    tokens_bytes = 2 * b * seq * 8  # int64 tokens and labels
     job.data = Block("load micro-batch", tokens_bytes / H2D_Bps + cost.op_time_s(
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
     job.blocking_p2p = ks.blocking_p2p
@@ -353,7 +389,8 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
 def _on_one_gpu(scenario):
     """The scenario's model and batch on a single GPU (for T₁): no parallelism, plain 1F1B."""
     par = scenario.parallel.model_copy(update={"data": 1, "tensor": 1, "pipeline": 1, "virtual_stages": 1,
-                                               "schedule": "1f1b", "sequence_parallel": False, "zero": 0})
+                                               "schedule": "1f1b", "sequence_parallel": False, "zero": 0,
+                                               "expert": None, "context": None, "stage_layers": None})
     cluster = scenario.cluster.model_copy(update={"nodes": 1, "gpus_per_node": 1})
     return scenario.model_copy(update={"parallel": par, "cluster": cluster})
 
@@ -426,7 +463,7 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     b, dtype = tr.micro_batch, tr.precision
     gbytes, ebytes = _grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
     specs = m.to_layers()
-    parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages)
+    parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     single = 0.0
     ck = tr.checkpointing

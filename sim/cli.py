@@ -43,10 +43,18 @@ def summary_table(summary: dict) -> str:
     par = summary.get("parallel", {})
     rows += [
         ("GPUs", f"{summary['num_gpus']} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
-                 f"{par.get('pipeline')}, {par.get('schedule')}, ZeRO {par.get('zero')})"),
+                 f"{par.get('pipeline')}"
+                 + (f" × context {par['context']} ({par['context_attention']})" if par.get("context") else "")
+                 + (f", expert {par['expert']} of data" if par.get("expert") else "")
+                 + f", {par.get('schedule')}, ZeRO {par.get('zero')})"),
         ("step time", _fmt_time(summary["step_time_s"])),
         ("throughput", f"{summary['samples_per_s']:.2f} samples/s"
                        + (f", {summary['tokens_per_s']:.4g} tokens/s" if summary.get("workload") == "transformer" else "")),
+        *([("step time p50/p90/p99", f"{_fmt_time(summary['step_time_p50_s'])} / "
+                                      f"{_fmt_time(summary['step_time_p90_s'])} / "
+                                      f"{_fmt_time(summary['step_time_p99_s'])} over "
+                                      f"{len(summary['step_times_s'])} steps")]
+          if "step_time_p99_s" in summary else []),
         ("compute / step", _fmt_time(summary["compute_s"])),
         ("exposed comm / step", _fmt_time(summary["exposed_comm_s"])),
         ("bubble (idle) fraction", f"{summary['bubble_fraction']:.1%}"),
@@ -76,6 +84,17 @@ def summary_table(summary: dict) -> str:
     if "time_to_train_days" in summary:
         rows.append(("time to train", f"{summary['time_to_train_days']:.2f} days, "
                                       f"${summary['cost_to_train_usd']:,.0f}, {summary['energy_to_train_MWh']:.1f} MWh"))
+    rel = summary.get("reliability")
+    if rel:
+        mc = rel.get("monte_carlo")
+        mc_txt = (f"; Monte-Carlo {mc['wall_s'] / 86400:.2f} ± {mc['wall_ci95_s'] / 86400:.2f} days"
+                  if mc and "wall_s" in mc else "")
+        rows.append(("with failures", f"{rel['expected_time_to_train_days']:.2f} days, goodput "
+                                      f"{rel['goodput']:.1%}, ${rel['effective_cost_usd']:,.0f}{mc_txt}"))
+        rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({_fmt_time(rel['interval_s'])}; "
+                                    f"optimum {_fmt_time(rel['optimal_interval_s'])}), "
+                                    f"{_fmt_time(rel['checkpoint_blocking_s'])} each; job MTBF "
+                                    f"{rel['job_mtbf_hours']:.2f} h"))
     if summary.get("skipped_steps"):
         rows.append(("loss scaling", f"{summary['skipped_steps']} step(s) skipped on overflow"))
     return "\n".join(f"{k:<22} {v}" for k, v in rows)

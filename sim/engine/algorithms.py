@@ -70,6 +70,8 @@ def group_shape(topology, gpus: list[int]) -> GroupShape:
 
 def candidates(op: str, kind: str, shape: GroupShape, cfg: CommConfig, topology) -> list[str]:
     """Algorithms this collective may run with under ``cfg`` (``kind``: "dp", "tp", "mp" or "bench")."""
+    if op in ("all_to_all", "send_recv"):
+        return ["direct"]
     if op != "all_reduce":
         return ["chain"] if op in ("broadcast", "reduce") else ["ring"]
     even = len({len(r) for r in shape.ranks_by_node}) == 1

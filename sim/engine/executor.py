@@ -26,8 +26,10 @@ from sim.engine.timeline import (
     BACKWARD_WEIGHT,
     CLIP_GRAD,
     COMM_CLIP,
+    COMM_CP,
     COMM_DP,
     COMM_EMB,
+    COMM_EP,
     COMM_PP,
     COMM_TP,
     COMPUTE,
@@ -41,6 +43,7 @@ from sim.engine.timeline import (
     CounterSample,
     Span,
 )
+from sim.engine.variability import Variability
 from sim.engine.world import Stream, World
 from sim.errors import SimulationError
 from sim.parallel.layout import Layout
@@ -50,11 +53,13 @@ STREAM_DP = "dp"
 
 
 class TrainingExecutor:
-    def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None):
+    def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
+                 variability: Variability | None = None):
         self.world = world
+        self.variability = variability  # seeded per-step stragglers and kernel jitter (None: none)
         self.env = world.env
         self.job = job
-        self.layout = Layout(job.dp, job.tp, job.pp)
+        self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp)
         self.symmetric = symmetric
         self.stragglers = stragglers or {}
         topo = world.topology
@@ -114,8 +119,9 @@ class TrainingExecutor:
             s = self._streams[(g, name)] = Stream(self.env, name)
         return s
 
-    def _slow(self, g: int) -> float:
-        return self.stragglers.get(g, 1.0)
+    def _slow(self, g: int, step: int = 0) -> float:
+        base = self.stragglers.get(g, 1.0)
+        return base if self.variability is None else base * self.variability.step_factor(g, step)
 
     def _memory(self, g: int, delta: float) -> None:
         self._mem[g] = self._mem.get(g, 0.0) + delta
@@ -157,7 +163,7 @@ class TrainingExecutor:
         for g in self.gpus:
             stage = lay.coords(g)[2]
             for x in [g, *self._same_place(g)]:
-                for kind in ("tp", "dp"):
+                for kind in ("tp", "dp", "ep", "edp", "cp"):
                     grp = self._group(x, kind)
                     if len(grp) > 1:
                         flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
@@ -191,7 +197,7 @@ class TrainingExecutor:
 
         for g in self.gpus:
             _, _, stage = lay.coords(g)
-            for kind in ("tp", "dp"):
+            for kind in ("tp", "dp", "ep", "edp", "cp"):
                 grp = self._group(g, kind)
                 if len(grp) > 1:
                     use(self._links_of(grp), (kind, tuple(grp)))
@@ -202,13 +208,17 @@ class TrainingExecutor:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self._p2p_mirrors(g, s2)]:
                         use(set(self.world.topology.route(a, b).links) & self._binding, ("pp", a))
         shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in ("tp", "dp") if k not in shared}
+        return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
 
     def _group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
         if kind == "emb":  # first and last pipeline stage of g's (data, tensor) coordinates
             d, t, _ = lay.coords(g)
             return [lay.rank(d, t, 0), lay.rank(d, t, self.job.pp - 1)]
+        if kind in ("ep", "edp", "cp"):  # MoE all-to-all, expert-gradient sync; context-parallel K/V
+            if (lay.cp if kind == "cp" else lay.ep) == 1:
+                return [g]  # not used by this job (dense, or no context parallelism)
+            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 
     def _links_of(self, group: list[int]) -> set[int]:
@@ -316,7 +326,7 @@ class TrainingExecutor:
             self._cache[key] = self.env.now - t0
             return choice.label
         mine = world.run_collective_alone(factory(), members, None, proto, launch)
-        if kind in ("tp", "dp"):
+        if kind in ("tp", "dp", "ep", "edp", "cp"):
             for mg in self._mirror_groups(g, kind):
                 world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
         yield mine.join_all()
@@ -451,25 +461,61 @@ class TrainingExecutor:
 
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
         env, world = self.env, self.world
-        slow = self._slow(g)
+        step = args.get("step", 0)
+        slow = self._slow(g, step)
+        var = self.variability
         for b in blocks:
+            if b.comm == "ring@cp" and len(self._group(g, "cp")) > 1:  # context parallelism: ring attention
+                yield from self._ring(g, b, category, args, prefix)
+                continue
             if b.dur_s > 0:
-                start, work = env.now, b.dur_s * slow
+                start = env.now
+                dur = b.dur_s if var is None else var.block_time(
+                    g, step, b.dur_s, bool(b.comm) and "@" not in b.comm and self.job.tp > 1)
+                work = dur * slow
                 yield from self._compute(g, work)
                 world.compute_events += 1
                 lost = env.now - start - work
-                if lost > 1e-12 * work:  # the block ran slower under overlapped communication: show the loss
+                if self.job.comm_slowdown > 0 and lost > 1e-9 * work:  # slowed by overlapped communication
                     world.timeline.add(Span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category,
                                             start, work, args))
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} (slowed by comm)", INTERFERENCE,
                                start + work, args)
                 else:
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
-            if b.comm and b.comm_bytes > 0 and self.job.tp > 1:
+            op, _, kind = (b.comm or "").partition("@")  # "op" runs on the TP group, "op@ep" on another
+            kind = kind or "tp"
+            if b.comm and b.comm_bytes > 0 and (self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1):
                 start = env.now
-                yield from self._collective(g, "tp", b.comm, b.comm_bytes)
-                world.span(g, STREAM_COMM, f"{prefix} {b.name} {b.comm}", COMM_TP, start,
-                           {"bytes": b.comm_bytes, "op": b.comm, **args})
+                yield from self._collective(g, kind, op, b.comm_bytes)
+                cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
+                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", cat, start,
+                           {"bytes": b.comm_bytes, "op": op, **args})
+
+    def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):
+        """Ring attention over g's CP group: ``b`` (one K/V block's attention) runs once per member; while
+        it runs, the block moves one GPU along the ring (i → i+1; both ways for two GPUs) for the next."""
+        env, world, var = self.env, self.world, self.variability
+        n = len(self._group(g, "cp"))
+        op, size = ("all_to_all", 2 * b.comm_bytes) if n == 2 else ("send_recv", b.comm_bytes)
+        step = args.get("step", 0)
+        slow = self._slow(g, step)
+
+        def exchange(i: int):
+            start = env.now
+            yield from self._collective(g, "cp", op, size)
+            world.span(g, STREAM_COMM, f"{prefix} K/V ring {i + 1}/{n - 1}", COMM_CP, start,
+                       {"bytes": b.comm_bytes, "op": op, **args})
+
+        for i in range(n):
+            moving = env.process(exchange(i)) if i < n - 1 else None
+            start = env.now
+            dur = b.dur_s if var is None else var.block_time(g, step, b.dur_s)
+            yield env.timeout(dur * slow)
+            world.compute_events += 1
+            world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} {i + 1}/{n}", category, start, args)
+            if moving is not None:
+                yield moving
 
     def _gpu(self, g: int):
         job = self.job
@@ -551,6 +597,10 @@ class TrainingExecutor:
                                 yield sent
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
+            expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)
+                               for lw in job.chunk_of(stage, c).layers)
+            if expert_grads > 0:  # MoE: the experts' gradients, over the GPUs holding the same experts
+                dp_events.append(self._dp_sync(g, self._grad_op(), expert_grads, step, kind="edp"))
             if job.compression_ratio is not None:
                 yield from self._compressed_sync(g, step)
             self._waiting[g] = f"data-parallel gradient sync (step {step})"
@@ -575,13 +625,13 @@ class TrainingExecutor:
                 last[a.chunk] = i
         return set(last.values())
 
-    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int) -> simpy.Event:
+    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int, kind: str = "dp") -> simpy.Event:
         env, world = self.env, self.world
 
         def body():
             start = env.now
             self._comm_begin(g)
-            alg = yield from self._collective(g, "dp", op, size_bytes)
+            alg = yield from self._collective(g, kind, op, size_bytes)
             self._comm_end(g)
             if env.now > start:
                 world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start,

@@ -33,6 +33,7 @@ class LayerWork:
     param_bytes: float = 0.0  # this GPU's parameter bytes (ZeRO-3 gathers)
     activation_bytes: float = 0.0  # kept per micro-batch until the backward
     workspace_bytes: float = 0.0  # live while this layer's checkpointed segment is recomputed (full checkpointing)
+    expert_grad_bytes: float = 0.0  # MoE: gradients of this GPU's experts (summed over the expert-DP group)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class TrainingJob:
     blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     comm_slowdown: float = 0.0  # compute runs 1/(1+x) slower while this GPU's overlapped comm is active
+    ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
+    cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
 
     @property
     def split_backward(self) -> bool:

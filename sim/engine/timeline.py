@@ -22,10 +22,12 @@ COMM_DP = "comm_dp"
 COMM_PP = "comm_pp"
 COMM_EMB = "comm_embedding"  # tied-embedding gradient all-reduce between first and last stage
 COMM_CLIP = "comm_clip"  # the gradient-norm all-reduce
+COMM_EP = "comm_ep"  # expert-parallel all-to-all (MoE dispatch / combine)
+COMM_CP = "comm_cp"  # context-parallel K/V exchange (ring attention) or gather
 COMM = "comm"  # a standalone collective workload
 COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE,
                       GRAD_ACCUM, CLIP_GRAD, DATA, INTERFERENCE)
-COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EMB, COMM_CLIP, COMM)
+COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EMB, COMM_CLIP, COMM_EP, COMM_CP, COMM)
 
 # Stream names (Chrome trace tid).
 STREAM_COMPUTE = "compute"

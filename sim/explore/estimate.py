@@ -20,7 +20,7 @@ from functools import lru_cache
 from sim import analytic as an
 from sim import memory as mem
 from sim.build import OPTIMIZER_BYTES_PER_PARAM, cost_model_for
-from sim.parallel.layout import partition_layers
+from sim.parallel.layout import partition_layers, stage_layers_for
 from sim.units import DTYPE_BYTES, MB
 from sim.workload import transformer as tf
 from sim.workload.ops import ATTENTION, elementwise
@@ -104,6 +104,12 @@ class Estimator:
             from sim.errors import ScenarioError
 
             raise ScenarioError(f"plan needs a transformer model, not {scenario.model.kind}", "model")
+        if getattr(scenario.model, "experts", None) is not None or scenario.parallel.cp > 1:
+            from sim.errors import ScenarioError
+
+            field = "model.experts" if getattr(scenario.model, "experts", None) is not None else "parallel.context"
+            raise ScenarioError("plan does not search mixture-of-experts or context-parallel layouts yet (its "
+                                "closed forms are dense, without context); simulate them with run or sweep", field)
         self.scenario = scenario
         m = scenario.model
         self.dims = m.to_dims()
@@ -179,7 +185,8 @@ class Estimator:
 
     # ---- memory ---------------------------------------------------------------------------------
     def _stage_layers(self, c: Candidate) -> list[int]:
-        parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages)
+        given = stage_layers_for(self.scenario.parallel.stage_layers, c.pipeline, c.virtual_stages)
+        parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, given)
         return [
             sum(len(parts[k * c.pipeline + s]) for k in range(c.virtual_stages)) for s in range(c.pipeline)
         ]
@@ -316,6 +323,7 @@ class Estimator:
                 "virtual_stages": c.virtual_stages,
                 "zero": c.zero,
                 "sequence_parallel": c.sequence_parallel,
+                "stage_layers": stage_layers_for(sc.parallel.stage_layers, c.pipeline, c.virtual_stages),
             }
         )
         tr = sc.training.model_copy(

@@ -236,6 +236,12 @@ def _candidate_data(base_data: dict, overrides: list[str], s: Screened, per_node
 
     sets = [*overrides, f"cluster.nodes={s.gpus // per_node}", *s.candidate.overrides()]
     data, _ = apply_overrides(base_data, sets)
+    par = data.get("parallel")
+    if isinstance(par, dict) and par.get("stage_layers") is not None:  # uneven stages fit one depth only
+        from sim.parallel.layout import stage_layers_for
+
+        par["stage_layers"] = stage_layers_for(par["stage_layers"], s.candidate.pipeline,
+                                               s.candidate.virtual_stages)
     return data
 
 

@@ -106,10 +106,14 @@ def _fit_data(data: dict, fixed_data: bool) -> str | None:
     if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (nodes, per, t, p)):
         return None
     gpus = nodes * per
-    if gpus % (t * p) or par.get("data", 1) * t * p == gpus:
+    c = par.get("context") or 1  # context parallelism also takes GPUs
+    if not isinstance(c, int) or isinstance(c, bool) or c < 1:
         return None
-    par["data"] = gpus // (t * p)
-    return f"data={par['data']} (fit: {gpus} GPUs / (tensor {t} × pipeline {p}))"
+    if gpus % (t * p * c) or par.get("data", 1) * t * p * c == gpus:
+        return None
+    par["data"] = gpus // (t * p * c)
+    ctx = f" × context {c}" if c > 1 else ""
+    return f"data={par['data']} (fit: {gpus} GPUs / (tensor {t} × pipeline {p}{ctx}))"
 
 
 def expand(

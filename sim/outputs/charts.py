@@ -19,4 +19,8 @@ def draw_all(timeline: Timeline, summary: dict, out_dir: Path) -> list[Path]:
             paths += plot_schedule(timeline, summary, out_dir / "pipeline")
         if summary.get("memory_by_stage"):
             paths += plot_memory(summary, out_dir / "memory")
+        if summary.get("reliability"):
+            from sim.outputs.goodput_chart import plot_goodput
+
+            paths += plot_goodput(summary, out_dir / "goodput")
     return paths

@@ -38,6 +38,8 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.COMM_PP: "#882255",  # wine
     tl.COMM_EMB: "#117733",  # green: tied-embedding gradient all-reduce
     tl.COMM_CLIP: "#661100",  # brown: gradient-norm all-reduce
+    tl.COMM_EP: "#DDCC77",  # sand: expert-parallel all-to-all
+    tl.COMM_CP: "#CC6677",  # rose: context-parallel K/V ring
     tl.COMM: "#44AA99",  # teal: a standalone collective workload
 }
 CATEGORY_HATCHES: dict[str, str] = {tl.RECOMPUTE: "////"}
@@ -58,6 +60,8 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.COMM_TP: "TP collective",
     tl.COMM_DP: "DP collective",
     tl.COMM_PP: "PP send/recv",
+    tl.COMM_EP: "EP all-to-all",
+    tl.COMM_CP: "CP K/V exchange",
     tl.COMM: "collective",
 }
 CATEGORY_ORDER: tuple[str, ...] = tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES

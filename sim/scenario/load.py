@@ -411,7 +411,8 @@ def json_schema() -> dict[str, Any]:
         defs[name]["required"] = [f for f in defs[name]["required"] if f not in fields]
     for name, fields in PRESET_SUPPLIED.items():
         defs[name]["required"] = [f for f in defs[name]["required"] if f not in fields]
-        defs[name]["anyOf"] = [{"required": ["preset"]}, {"required": list(fields)}]
+        defs[name]["anyOf"] = [{"required": ["preset"]}, {"required": list(fields)}] + (
+            [{"required": ["hf_config"]}] if "hf_config" in defs[name]["properties"] else [])
     # preset names: offered for completion; any string is accepted (names are case-insensitive)
     names = sorted(model_presets())
     model = schema["properties"]["model"]

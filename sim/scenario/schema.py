@@ -128,6 +128,15 @@ def model_presets() -> dict[str, Any]:
     return dict(MODEL_PRESETS)
 
 
+def moe_presets() -> dict[str, dict[str, Any]]:
+    """MoE fields of the mixture-of-experts presets (imported late; empty if absent)."""
+    try:
+        from sim.workload.model_presets import MOE_PRESETS
+    except ImportError:
+        return {}
+    return dict(MOE_PRESETS)
+
+
 def layer_presets() -> dict[str, Any]:
     """Layer-list presets (resnet50, …) → a function giving their layers, imported late; empty if absent."""
     try:
@@ -182,8 +191,25 @@ class Topology(_Strict):
         return self
 
 
+class RandomStragglers(_Strict):
+    """Each GPU, each step, runs ``slowdown``× slower with probability ``probability`` (seeded)."""
+
+    probability: float = Field(ge=0, le=1, description="chance that a GPU straggles in a given step")
+    slowdown: float = Field(ge=1, description="slow-down factor of a straggling GPU for that step")
+
+
+class Jitter(_Strict):
+    """Kernel-time noise: every compute block's time × a random factor of mean 1 (seeded)."""
+
+    kind: Literal["lognormal"] = Field("lognormal", description="distribution of the factor")
+    sigma: float = Field(gt=0, le=1, description="σ of the factor's logarithm (0.03 ≈ 3 % noise)")
+
+
 def stragglers_from(value: Any) -> Any:
-    """Accept {gpu_id: factor} or [{gpu, factor}, ...]; string digit keys (from JSON) become ints."""
+    """Accept {gpu_id: factor}, [{gpu, factor}, ...] or {probability, slowdown}; string digit keys (from
+    JSON) become ints."""
+    if isinstance(value, dict) and value and set(value) <= {"probability", "slowdown"}:
+        return value
     if isinstance(value, list):
         out: dict[Any, Any] = {}
         for i, item in enumerate(value):
@@ -228,7 +254,14 @@ class Cluster(_Strict):
     )
     stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1, le=MAX_SLOWDOWN)]] = Field(
         default_factory=dict,
-        description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, or a list of {gpu, factor}",
+        description="slow GPUs: {gpu_id: slow-down factor ≥ 1}, a list of {gpu, factor}, or random "
+        "stragglers {probability, slowdown} (each GPU, each step; stored as random_stragglers)",
+    )
+    random_stragglers: RandomStragglers | None = Field(
+        None, description="each GPU, each step, slow with a probability: {probability, slowdown}"
+    )
+    jitter: Jitter | None = Field(
+        None, description="kernel-time noise {kind: lognormal, sigma}; null = every step identical"
     )
     in_network_reduction: bool = Field(
         False,
@@ -242,6 +275,13 @@ class Cluster(_Strict):
         if not isinstance(data, dict):
             return data
         data = _strip_none(data, "intra_node", "inter_node", "nics_per_node", "topology", "stragglers")
+        given = data.get("stragglers")
+        if isinstance(given, dict) and given and set(given) <= {"probability", "slowdown"}:
+            if data.get("random_stragglers") is not None:
+                raise RuleError("stragglers", show(given), "random stragglers given twice",
+                                "keep stragglers: {probability, slowdown} or random_stragglers, not both")
+            data = {**data, "random_stragglers": given}
+            del data["stragglers"]
         if "intra_node" not in data:
             try:
                 gpu = GPUSpec.model_validate(gpu_from(data.get("gpu")))
@@ -285,7 +325,9 @@ class Cluster(_Strict):
         return {"kind": value} if isinstance(value, str) else value
 
     @field_validator(
-        "stragglers", mode="before", json_schema_input_type=dict[int, float] | list[dict[str, float]]
+        "stragglers",
+        mode="before",
+        json_schema_input_type=dict[int, float] | list[dict[str, float]] | RandomStragglers,
     )
     @classmethod
     def _stragglers(cls, value: Any) -> Any:
@@ -294,7 +336,7 @@ class Cluster(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
         _check_physical(self)
-        for gpu_id in self.stragglers:
+        for gpu_id in self.fixed_stragglers:
             if gpu_id >= self.total_gpus:
                 raise RuleError(
                     "stragglers",
@@ -307,6 +349,11 @@ class Cluster(_Strict):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def fixed_stragglers(self) -> dict[int, float]:
+        """The explicit {gpu: factor} map."""
+        return self.stragglers
 
 
 def _check_physical(c: Cluster) -> None:
@@ -489,6 +536,12 @@ class TransformerModel(_Strict):
         exclude=True,
         description="start from this MODEL_PRESETS entry; other keys override it (input only)",
     )
+    hf_config: str | None = Field(
+        None,
+        exclude=True,
+        description="a Hugging Face config.json (or its folder), relative to the scenario's folder; its "
+        "dimensions fill the model, other keys override them (input only)",
+    )
     name: str | None = Field(None, description="the preset this model came from (a record)")
     layers: int = Field(ge=1, description="transformer blocks")
     hidden: int = Field(ge=1, description="model width (d_model)")
@@ -503,22 +556,43 @@ class TransformerModel(_Strict):
     position: Literal["learned", "rope"] = Field("learned", description="position embedding")
     tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
     attention: Literal[ATTENTION_KINDS] = Field(  # type: ignore[valid-type]
+        "flash",
         description="flash: one fused kernel, softmax scores never stored; standard: batched GEMMs around "
         "a softmax (and dropout) kernel over the b·heads·s² scores, kept for backward (Korthikanti et "
         "al.'s 5as/h activation term); default: what training.kernels used",
     )
+    experts: int | None = Field(
+        None, ge=1, description="mixture of experts: routed experts per layer (null = dense MLP)"
+    )
+    top_k: int | None = Field(None, ge=1, description="MoE: experts each token uses; default 2")
+    expert_ffn_hidden: int | None = Field(
+        None, ge=1, description="MoE: one expert's MLP width; default ffn_hidden"
+    )
+    capacity_factor: float | None = Field(
+        None, gt=0, description="MoE: expert buffers padded to this × the fair share; null = dropless"
+    )
+    load_imbalance: float | None = Field(
+        None, ge=1, description="MoE, dropless: busiest GPU's routed tokens / the mean; default 1"
+    )
+    shared_experts: int | None = Field(
+        None, ge=1, description="MoE: shared experts every token uses (width expert_ffn_hidden each), run "
+        "as a tensor-parallel MLP beside the routed ones (DeepSeek-MoE style)"
+    )
 
     @model_validator(mode="before")
     @classmethod
-    def _defaults(cls, data: Any) -> Any:
+    def _defaults(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict):
             return data
-        data = _strip_none(data, "ffn_hidden", "kv_heads", "preset", "name")
+        data = _strip_none(data, "ffn_hidden", "kv_heads", "preset", "name", "hf_config")
+        if isinstance(data.get("hf_config"), str):
+            data = _from_hf_config(data, (info.context or {}).get("base_dir"))
         if isinstance(data.get("preset"), str):
             presets = model_presets()
             key = lookup("transformer model", data["preset"], list(presets))
             dims = presets[key]
             base = {f: getattr(dims, f) for f in _DIM_FIELDS if getattr(dims, f, None) is not None}
+            base.update(moe_presets().get(key, {}))
             data = {**base, "name": key, **{k: v for k, v in data.items() if k != "preset"}}
         if "ffn_hidden" not in data and isinstance(data.get("hidden"), int):
             data["ffn_hidden"] = 4 * data["hidden"]
@@ -528,6 +602,19 @@ class TransformerModel(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> TransformerModel:
+        moe_keys = ("top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance", "shared_experts")
+        if self.experts is None:
+            for key in moe_keys:
+                if getattr(self, key) is not None:
+                    raise RuleError(key, show(getattr(self, key)), "applies to mixture-of-experts models",
+                                    "set experts (e.g. experts: 8), or remove it")
+        elif (self.top_k or 2) > self.experts:
+            raise RuleError("top_k", show(self.top_k), f"a token cannot use more than experts = {self.experts}",
+                            f"use top_k ≤ {self.experts}")
+        if self.capacity_factor is not None and self.load_imbalance is not None:
+            raise RuleError("load_imbalance", show(self.load_imbalance),
+                            "a capacity factor pads every expert's buffer, so the load is the capacity",
+                            "give capacity_factor (padded) or load_imbalance (dropless), not both")
         if self.hidden % self.heads:
             raise RuleError(
                 "hidden",
@@ -552,6 +639,17 @@ class TransformerModel(_Strict):
     def num_layers(self) -> int:
         return self.layers
 
+    def to_moe(self) -> Any:
+        """The workload's ``MoESpec``, or None for a dense model (imported late)."""
+        if self.experts is None:
+            return None
+        from sim.workload.moe import MoESpec
+
+        return MoESpec(experts=self.experts, top_k=self.top_k or 2,
+                       ffn_hidden=self.expert_ffn_hidden or self.ffn_hidden,
+                       capacity_factor=self.capacity_factor, load_imbalance=self.load_imbalance or 1.0,
+                       shared=self.shared_experts or 0)
+
     def to_dims(self) -> Any:
         """The workload's ``TransformerDims`` for this model (imported late: schema does not need it)."""
         from sim.workload.transformer import TransformerDims
@@ -559,9 +657,31 @@ class TransformerModel(_Strict):
         return TransformerDims(**{f: getattr(self, f) for f in _DIM_FIELDS})
 
 
+MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "capacity_factor", "load_imbalance", "shared_experts")
 _DIM_FIELDS = tuple(
-    f for f in TransformerModel.model_fields if f not in ("kind", "preset", "name", "attention")
+    f for f in TransformerModel.model_fields
+    if f not in ("kind", "preset", "hf_config", "name", "attention", *MOE_FIELDS)
 )
+
+
+def _from_hf_config(data: dict[str, Any], base: Any) -> dict[str, Any]:
+    """``hf_config: path`` → the file's dimensions, under the keys given beside it."""
+    from sim.workload.hf_config import HFConfigError, read_hf_config
+
+    if "preset" in data:
+        raise RuleError("hf_config", show(data["hf_config"]), "give either preset or hf_config, not both",
+                        "remove one of them")
+    given = Path(data["hf_config"]).expanduser()
+    candidates = [given] if given.is_absolute() else (
+        ([Path(base) / given] if base is not None else []) + [Path.cwd() / given])
+    path = next((c for c in candidates if c.exists()), candidates[0])
+    try:
+        fields = read_hf_config(path)
+    except HFConfigError as e:
+        where = f" in {path}" if e.key != "hf_config" else ""
+        raise RuleError("hf_config", f"{e.key} = {e.value}{where}", e.rule, e.fix) from None
+    rest = {k: v for k, v in data.items() if k != "hf_config"}
+    return {**fields, **rest}
 
 
 class LayerSpec(_Strict):
@@ -645,8 +765,7 @@ MODEL_KINDS = ("synthetic", "collective", "transformer", "layers")
 INPUT_DEFAULTED = {
     "Cluster": ("intra_node", "nics_per_node"),
     "SyntheticModel": ("backward_ms",),
-    "TransformerModel": ("ffn_hidden", "kv_heads", "attention"),
-    "Parallel": ("overlap_grad_sync",),
+    "TransformerModel": ("ffn_hidden", "kv_heads"),
     "CollectiveModel": ("algorithm", "ranks"),
 }
 # Fields a `preset:` key supplies: required only when there is no preset.
@@ -657,9 +776,12 @@ PRESET_SUPPLIED = {
 
 
 def model_from(value: Any) -> Any:
-    """A bare string names a transformer preset; mappings pass through to the discriminated union."""
+    """A bare string names a transformer preset; {hf_config: path} is a transformer; other mappings pass
+    through to the discriminated union."""
     if isinstance(value, str):
         return {"kind": "transformer", "preset": value}
+    if isinstance(value, dict) and "hf_config" in value and "kind" not in value:
+        return {"kind": "transformer", **value}
     return value
 
 
@@ -682,6 +804,7 @@ class Parallel(_Strict):
     )
     bucket_MB: float = Field(25.0, ge=1e-3, le=1e9, description="DDP gradient bucket size, MB (1 kB to 1 PB)")
     overlap_grad_sync: bool = Field(
+        True,
         description="overlap the gradient all-reduce with the backward pass; default: what "
         "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
     )
@@ -696,6 +819,24 @@ class Parallel(_Strict):
     )
     parameter_server_placement: Literal["colocated", "dedicated"] = Field(
         "colocated", description="parameter_server: colocated (on worker nodes) or dedicated (extra CPU nodes)"
+    )
+    expert: int | None = Field(
+        None, ge=1, description="expert parallelism: GPUs sharing one layer's experts, carved out of data "
+        "(divides data and model.experts); null = 1"
+    )
+    context: int | None = Field(
+        None, ge=1, description="context parallelism: GPUs splitting each sequence (ring attention); the "
+        "GPU count is data × context × tensor × pipeline; null = 1"
+    )
+    context_attention: Literal["ring", "all_gather"] | None = Field(
+        None, description="context parallelism: ring (K/V blocks passed around, overlapped; default) or "
+        "all_gather (Llama 3: gather K/V, then attend)"
+    )
+    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="layers of each model chunk in pipeline order (virtual stage = chunk × pipeline + stage), "
+        "pipeline × virtual_stages entries summing to the model's layers, e.g. fewer on the first and last "
+        "stage to balance the embedding and the head; null = as even as possible",
     )
 
     @model_validator(mode="after")
@@ -734,7 +875,15 @@ class Parallel(_Strict):
 
     @property
     def world_size(self) -> int:
-        return self.data * self.tensor * self.pipeline
+        return self.data * self.tensor * self.pipeline * self.cp
+
+    @property
+    def ep(self) -> int:
+        return self.expert or 1
+
+    @property
+    def cp(self) -> int:
+        return self.context or 1
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -884,7 +1033,8 @@ class Simulation(_Strict):
     """How to run: steps to simulate, the random seed, and whether to exploit symmetric ranks."""
 
     steps: int = Field(1, ge=1, description="training steps (or collective repetitions) to simulate")
-    seed: int = Field(0, description="random seed (stragglers, overflow probability)")
+    seed: int = Field(0, description="random seed (random stragglers, jitter, overflow probability, "
+                      "reliability Monte-Carlo)")
     symmetry: Literal["auto", "on", "off"] = Field(
         "auto", description="simulate identical ranks once; off = every GPU"
     )
@@ -894,6 +1044,51 @@ class Simulation(_Strict):
     def _yaml11_bools(cls, value: Any) -> Any:
         """YAML 1.1 readers turn on/off into booleans; take them back."""
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+# ------------------------------------------------------------------------------------- reliability
+
+
+class CheckpointPolicy(_Strict):
+    """How often and how fast the training state is saved (sets the checkpoint overhead and lost work)."""
+
+    model_config = ConfigDict(**_Strict.model_config, validate_by_name=True, serialize_by_alias=True)
+
+    interval: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        "auto", description="training steps between checkpoints, or auto = Young/Daly optimum"
+    )
+    write_GBps: float = Field(
+        gt=0, description="aggregate storage write bandwidth for the checkpoint, GB/s (1e9 bytes)"
+    )
+    async_: bool = Field(
+        False,
+        alias="async",
+        description="asynchronous checkpoint: training blocks only for the device→host snapshot; the "
+        "storage write runs in the background and is lost if a failure strikes before it ends",
+    )
+    snapshot_GBps: float | None = Field(
+        None,
+        gt=0,
+        description="async: device→host copy bandwidth per GPU, GB/s; default the pcie4 link preset "
+        "(31.5 GB/s × 0.8 efficiency)",
+    )
+
+
+class Reliability(_Strict):
+    """Failures over the whole run: MTBFs, checkpoints and restarts → goodput and expected time to train."""
+
+    gpu_mtbf_hours: float = Field(gt=0, description="mean time between failures of one GPU, hours")
+    node_mtbf_hours: float | None = Field(
+        None, gt=0, description="per node (host, PSU, NVSwitch…), hours; null = not counted"
+    )
+    link_mtbf_hours: float | None = Field(
+        None, gt=0, description="per inter-node link (NIC, cable, switch port), hours; null = not counted"
+    )
+    checkpoint: CheckpointPolicy = Field(description="{interval, write_GBps, async, snapshot_GBps}")
+    restart_s: float = Field(ge=0, description="detect + reschedule + reload after a failure, seconds")
+    monte_carlo_trials: int = Field(
+        200, ge=0, description="seeded Monte-Carlo runs of the whole training (0 = closed forms only)"
+    )
 
 
 # ---------------------------------------------------------------------------------------- scenario
@@ -917,6 +1112,9 @@ class Scenario(_Strict):
         None, description="batch, precision, optimizer; required except for collective models"
     )
     simulation: Simulation = Field(Simulation(), description="simulation settings")
+    reliability: Reliability | None = Field(
+        None, description="failures, checkpoints and restarts over the whole run (goodput); null = none"
+    )
     calibration: str | None = Field(
         None,
         description="calibration profile JSON; relative to the scenario's folder, then the working directory",
@@ -1015,7 +1213,22 @@ class Scenario(_Strict):
 
     def resolved(self) -> dict[str, Any]:
         """Presets expanded, defaults filled: validates back to an equal Scenario."""
-        return self.model_dump(mode="python")
+        data = self.model_dump(mode="python")
+        for path in OPTIONAL_KEYS:  # absent optional keys stay absent (older resolved files unchanged)
+            *parents, key = path
+            node = data
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(key, 0) is None:
+                del node[key]
+        return data
+
+
+# Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
+# use them read as before).
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "expert"), ("parallel", "context"),
+                 ("parallel", "context_attention"), ("cluster", "jitter"),
+                 ("cluster", "random_stragglers"), *(("model", f) for f in MOE_FIELDS))
 
 
 def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
@@ -1039,8 +1252,8 @@ def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
 
 def _layout_fix(p: Parallel, n: int) -> str:
     """One change of a single degree that makes data×tensor×pipeline = n, as a --set."""
-    if n % (p.tensor * p.pipeline) == 0:
-        return f"--set parallel.data={n // (p.tensor * p.pipeline)}"
+    if n % (p.tensor * p.pipeline * p.cp) == 0:
+        return f"--set parallel.data={n // (p.tensor * p.pipeline * p.cp)}"
     if n % (p.data * p.tensor) == 0:
         return f"--set parallel.pipeline={n // (p.data * p.tensor)}"
     if n % (p.data * p.pipeline) == 0:
@@ -1067,7 +1280,8 @@ def _layout(sc: Scenario) -> None:
     if p is not None and p.world_size != c.total_gpus:
         raise RuleError(
             "parallel",
-            f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}",
+            (f"data×tensor×pipeline×context = {p.data}×{p.tensor}×{p.pipeline}×{p.cp} = {p.world_size}"
+             if p.cp > 1 else f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}"),
             f"must equal the GPU count nodes×gpus_per_node = {c.nodes}×{c.gpus_per_node} = {c.total_gpus}",
             f"make the product {c.total_gpus}, e.g. {_layout_fix(p, c.total_gpus)}",
         )
@@ -1085,6 +1299,77 @@ def _stages(sc: Scenario) -> None:
             f"fewer than pipeline×virtual_stages = {p.pipeline}×{p.virtual_stages} = {chunks} model chunks",
             f"use pipeline ≤ {max(1, m.num_layers // p.virtual_stages)} (adjusting data) or a deeper model",
         )
+
+
+def _experts(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    shared = getattr(m, "shared_experts", None)
+    if p is not None and shared and (shared * (m.expert_ffn_hidden or m.ffn_hidden)) % p.tensor:
+        raise RuleError("model.shared_experts", show(shared),
+                        f"the shared experts' width shared_experts × expert_ffn_hidden must divide by "
+                        f"tensor = {p.tensor} (they are split like the dense MLP)", "change tensor or the widths")
+    if p is None or p.ep == 1:
+        return
+    experts = getattr(m, "experts", None)
+    if experts is None:
+        raise RuleError("parallel.expert", show(p.expert), "expert parallelism needs a mixture-of-experts model",
+                        "set model.experts, or remove parallel.expert")
+    if experts % p.ep:
+        raise RuleError("parallel.expert", show(p.expert), f"must divide model.experts = {experts}",
+                        f"use a divisor of {experts}")
+    if p.data % p.ep:
+        raise RuleError("parallel.expert", show(p.expert),
+                        f"expert-parallel GPUs are data-parallel ranks: must divide data = {p.data}",
+                        "use a divisor of parallel.data")
+    if p.zero == 3:
+        raise RuleError("parallel.zero", "3", "ZeRO-3 with expert parallelism is not modelled",
+                        "use zero ≤ 2, or expert: 1")
+
+
+def _context(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or (p.cp == 1 and p.context_attention is None):
+        return
+    if p.cp == 1:
+        raise RuleError("parallel.context_attention", show(p.context_attention),
+                        "applies to context parallelism", "set parallel.context > 1, or remove it")
+    if not isinstance(m, TransformerModel):
+        raise RuleError("parallel.context", show(p.context), f"splits sequences; a {m.kind} model has none",
+                        "use a transformer model, or remove parallel.context")
+    if p.ep > 1:
+        raise RuleError("parallel.context", show(p.context), "context and expert parallelism together are "
+                        "not modelled", "use one of them")
+    mb = sc.training.micro_batch if sc.training else 1
+    step = p.cp * (p.tensor if p.sequence_parallel and p.tensor > 1 else 1)
+    if m.seq_len % p.cp or (m.seq_len // p.cp * mb) % (step // p.cp):
+        raise RuleError("model.seq_len", show(m.seq_len),
+                        f"context = {p.cp} splits every sequence: seq_len must divide by it (and, with "
+                        f"sequence parallelism, seq_len/context × micro_batch by tensor = {p.tensor})",
+                        f"use seq_len a multiple of {step}")
+
+
+def _stage_layers(sc: Scenario) -> None:
+    p, m = sc.parallel, sc.model
+    if p is None or p.stage_layers is None or isinstance(m, CollectiveModel):
+        return
+    counts, chunks, n = p.stage_layers, p.pipeline * p.virtual_stages, m.num_layers
+    if len(counts) != chunks:
+        raise RuleError("parallel.stage_layers", show(counts),
+                        f"needs one entry per model chunk: pipeline×virtual_stages = {p.pipeline}×"
+                        f"{p.virtual_stages} = {chunks}, not {len(counts)}",
+                        f"give {chunks} layer counts, or remove stage_layers for an even split")
+    if sum(counts) != n:
+        raise RuleError("parallel.stage_layers", show(counts),
+                        f"the counts add up to {sum(counts)}, the model has {n} layers",
+                        f"make them sum to {n}")
+    # The first and last chunks of a transformer also hold the embedding and the head, so they may
+    # hold no transformer layer; every other chunk needs one.
+    ends = (0, chunks - 1) if isinstance(m, TransformerModel) else ()
+    for i, k in enumerate(counts):
+        if k == 0 and i not in ends:
+            where = "chunks other than the first and last" if ends else "every chunk"
+            raise RuleError(f"parallel.stage_layers[{i}]", "0",
+                            f"{where} need at least one layer", "move a layer into it")
 
 
 def _tensor_problem(m: TransformerModel, t: int, sp: bool, micro_batch: int) -> tuple[str, int, str] | None:
@@ -1240,7 +1525,7 @@ def _collective(sc: Scenario) -> None:
 
 
 def _symmetry(sc: Scenario) -> None:
-    if sc.simulation.symmetry == "on" and sc.cluster.stragglers:
+    if sc.simulation.symmetry == "on" and sc.cluster.fixed_stragglers:
         raise RuleError(
             "simulation.symmetry",
             "'on'",
@@ -1249,4 +1534,18 @@ def _symmetry(sc: Scenario) -> None:
         )
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _tensor, _batch, _precision, _tokens, _collective, _symmetry)
+def _reliability(sc: Scenario) -> None:
+    r, t = sc.reliability, sc.training
+    if r is None:
+        return
+    if sc.is_collective or t is None:
+        raise RuleError("reliability", "(given)", "failures and checkpoints apply to training runs",
+                        "remove reliability, or simulate a training model")
+    if t.tokens is None and t.train_steps is None:
+        raise RuleError("reliability", "(given)",
+                        "goodput and expected time to train need the run's length",
+                        "set training.tokens (transformers) or training.train_steps")
+
+
+SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
+                  _reliability)

@@ -52,6 +52,14 @@ MODEL_PRESETS: dict[str, TransformerDims] = {
     "llama3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
     "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
     "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192),
+    # Mixtral 8x7B (Jiang et al. 2024; mistralai/Mixtral-8x7B-v0.1 config.json): Mistral-7B's attention,
+    # 8 SwiGLU experts of width 14336 per layer, 2 per token (MOE_PRESETS below).
+    "mixtral-8x7b": _llama(32, 4096, 32, 8, 14336, 32000, 32768),
+}
+
+# Mixture-of-experts fields of the MoE presets (model.experts, top_k, …).
+MOE_PRESETS: dict[str, dict[str, int | float]] = {
+    "mixtral-8x7b": {"experts": 8, "top_k": 2},
 }
 
 # Parameter counts the models are published under (for sanity checks and reports).
@@ -65,6 +73,7 @@ NOMINAL_PARAMS: dict[str, float] = {
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,
     "llama3-405b": 405e9,
+    "mixtral-8x7b": 46.7e9,  # total; 12.9e9 active per token (Jiang et al. 2024)
 }
 
 

@@ -1,0 +1,124 @@
+"""Step-to-step variability: seeded kernel-time jitter and random stragglers, per GPU and per step.
+
+Every GPU's compute block is multiplied by ``step_factor(g, step) × kernel_factor(g, step)``:
+
+- a random straggler: each GPU, each step, is slow (× ``slowdown``) with probability ``probability``,
+  independently (a throttled or noisy GPU for one step; the explicit ``{gpu: factor}`` map is separate);
+- jitter: every compute block's time × a log-normal factor of mean 1, exp(σZ − σ²/2).
+
+Draws come from NumPy generators keyed by (seed, stream, step[, gpu]), never from event order, so the same
+seed gives the same bytes whatever the simulation interleaves.
+
+Symmetry. With every GPU simulated the synchronisation does the rest: a TP collective waits for its
+slowest member, the pipeline for its slowest stage, the data-parallel all-reduce for the slowest replica.
+When one GPU per pipeline stage stands for all the stage's GPUs (``symmetric``), it takes:
+
+- stragglers: the largest factor among the GPUs it stands for (its stage's data × tensor GPUs), drawn
+  from the same per-GPU draws. Exact in the limit that matters: a slow GPU holds back its TP group at every
+  layer, hence its replica's pipeline stage, hence the data-parallel sync every replica waits for;
+- jitter: each block draws a factor for every member of its TP group; the members' times since the last TP
+  collective add up, and a block that ends in one lasts until the slowest member arrives (what the
+  rendezvous does when every GPU is simulated). Replicas' sums over the many blocks of a step differ by
+  only ~σ/√blocks, so the maximum over data-parallel replicas at the gradient sync is left out (it would
+  add ~σ·√(2 ln d)/√blocks of the step).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sim.parallel.layout import Layout
+
+_STRAGGLER, _JITTER = 1, 2  # stream ids in the seed key
+_BATCH = 512  # jitter draws taken at a time per (GPU, step)
+
+
+class Variability:
+    def __init__(self, *, seed: int, layout: Layout, symmetric: bool, jitter_sigma: float = 0.0,
+                 straggler_probability: float = 0.0, straggler_slowdown: float = 1.0):
+        self.seed = seed & 0xFFFF_FFFF_FFFF_FFFF  # SeedSequence keys must be non-negative
+        self.layout = layout
+        self.symmetric = symmetric
+        self.sigma = jitter_sigma
+        self.p = straggler_probability
+        self.slowdown = straggler_slowdown
+        self._slow_steps: dict[int, np.ndarray] = {}
+        self._stage_slow: dict[tuple[int, int], float] = {}
+        self._jit: dict[int, tuple[int, int, np.ndarray, int]] = {}
+        self._lag: dict[int, np.ndarray | float] = {}
+        self._group = layout.tp if symmetric else 1
+
+    # ---- stragglers ------------------------------------------------------------------------------
+    def slow_gpus(self, step: int) -> np.ndarray:
+        """Ids of the GPUs that straggle in ``step`` (sorted)."""
+        got = self._slow_steps.get(step)
+        if got is None:
+            if self.p <= 0:
+                got = np.empty(0, dtype=np.int64)
+            else:
+                rng = np.random.default_rng([self.seed, _STRAGGLER, step])
+                got = np.flatnonzero(rng.random(self.layout.world_size) < self.p)
+            self._slow_steps[step] = got
+        return got
+
+    def step_factor(self, g: int, step: int) -> float:
+        """Slow-down of GPU g (or, symmetric, of the stage g stands for) during ``step``."""
+        if self.p <= 0:
+            return 1.0
+        slow = self.slow_gpus(step)
+        if not self.symmetric:
+            i = np.searchsorted(slow, g)
+            return self.slowdown if i < len(slow) and slow[i] == g else 1.0
+        stage = self.layout.coords(g)[2]
+        key = (stage, step)
+        f = self._stage_slow.get(key)
+        if f is None:
+            per_stage = self.layout.dp * self.layout.tp  # ranks of stage s are s·d·t … (s+1)·d·t − 1
+            lo, hi = stage * per_stage, (stage + 1) * per_stage
+            hit = np.searchsorted(slow, lo) < np.searchsorted(slow, hi)
+            f = self._stage_slow[key] = self.slowdown if hit else 1.0
+        return f
+
+    # ---- jitter ----------------------------------------------------------------------------------
+    def block_time(self, g: int, step: int, dur_s: float, synced: bool = False) -> float:
+        """GPU g's time for a block of ``dur_s`` in ``step`` with log-normal jitter of mean 1.
+
+        Symmetric: g stands for its TP group, whose members drift apart between TP collectives; the lag of
+        each member behind g accumulates block by block, and a block that ends in a TP collective
+        (``synced``) lasts until the slowest member is there too."""
+        if self.sigma <= 0:
+            return dur_s
+        state = self._jit.get(g)  # (step, batch number, draws, next index): one live batch per GPU
+        if state is None or state[0] != step or state[3] >= _BATCH:
+            n = state[1] + 1 if state is not None and state[0] == step else 0
+            rng = np.random.default_rng([self.seed, _JITTER, step, g, n])
+            z = rng.standard_normal((_BATCH, self._group))
+            state = (step, n, np.exp(self.sigma * z - self.sigma**2 / 2), 0)
+        step_, n, buf, i = state
+        self._jit[g] = (step_, n, buf, i + 1)
+        times = dur_s * buf[i]
+        if self._group == 1:
+            return float(times[0])
+        lag = self._lag.get(g, 0.0) + times - times[0]  # members' time behind g since the last sync
+        if synced:
+            self._lag[g] = 0.0
+            return float(times[0] + lag.max())
+        self._lag[g] = lag
+        return float(times[0])
+
+
+def percentiles(step_times_s: list[float]) -> dict[str, float]:
+    """p50/p90/p99 of the simulated step times (linear interpolation, NumPy's default) and their spread."""
+    arr = np.asarray(step_times_s, dtype=float)
+    p50, p90, p99 = (float(x) for x in np.percentile(arr, [50, 90, 99]))
+    return {"step_time_p50_s": p50, "step_time_p90_s": p90, "step_time_p99_s": p99,
+            "step_time_min_s": float(arr.min()), "step_time_max_s": float(arr.max()),
+            "step_time_std_s": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
+            "step_time_cv": float(arr.std(ddof=1) / arr.mean()) if len(arr) > 1 and arr.mean() > 0 else 0.0}
+
+
+def expected_slow_fraction(probability: float, gpus: int) -> float:
+    """Chance that at least one of ``gpus`` GPUs straggles in a step: 1 − (1 − p)^N."""
+    return -math.expm1(gpus * math.log1p(-probability)) if probability < 1 else 1.0

@@ -1,0 +1,1 @@
+"""Run-level layers above one simulated step (failures, checkpoints, goodput)."""

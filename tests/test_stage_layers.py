@@ -1,0 +1,95 @@
+"""Uneven pipeline stages (parallel.stage_layers): partition, validation, timing and memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim import memory as mem
+from sim.api import simulate
+from sim.build import build_job, cost_model_for
+from sim.errors import ScenarioError
+from sim.parallel.layout import partition_layers, stage_layers_for
+from sim.scenario import load_scenario, scenario_from_dict
+from sim.units import GB
+
+
+def test_partition_with_counts():
+    assert partition_layers(8, 4, [1, 3, 2, 2]) == [[0], [1, 2, 3], [4, 5], [6, 7]]
+    assert partition_layers(3, 3, [0, 3, 0]) == [[], [0, 1, 2], []]
+    assert partition_layers(5, 2) == [[0, 1, 2], [3, 4]]  # without counts: balanced, as before
+    with pytest.raises(ValueError):
+        partition_layers(8, 4, [1, 3, 2, 1])
+    assert stage_layers_for([1, 2], 2, 1) == [1, 2] and stage_layers_for([1, 2], 4, 1) is None
+
+
+def _synthetic(stage_layers, schedule="gpipe", m=6):
+    return {
+        "name": "uneven", "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+        "model": {"kind": "synthetic", "layers": 8, "forward_ms": 1.0, "backward_ms": 0.0},
+        "parallel": {"pipeline": 4, "schedule": schedule, "stage_layers": stage_layers},
+        "training": {"global_batch": m},
+    }
+
+
+def test_uneven_gpipe_forward_matches_closed_form():
+    """Forward-only GPipe with stage times t_s: the last micro-batch leaves after Σ t_s + (m − 1)·max t_s."""
+    counts, m = [1, 3, 2, 2], 6
+    s = simulate(scenario_from_dict(_synthetic(counts, m=m))).summary
+    expect = (sum(counts) + (m - 1) * max(counts)) * 1e-3
+    assert s["step_time_s"] == pytest.approx(expect, rel=1e-9)
+    even = simulate(scenario_from_dict(_synthetic(None, m=m))).summary
+    assert even["step_time_s"] == pytest.approx((8 + (m - 1) * 2) * 1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("counts, expect", [
+    ([2, 2, 2], "needs one entry per model chunk"),
+    ([2, 2, 2, 1], "add up to 7"),
+    ([2, 0, 3, 3], "stage_layers[1]"),
+    ([0, 3, 3, 2], "every chunk need at least one layer"),  # synthetic: no embedding on the first chunk
+])
+def test_bad_stage_layers_are_one_line(counts, expect):
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict(_synthetic(counts))
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_transformer_memory_follows_the_layout():
+    base = {
+        "name": "uneven-tf", "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "A100-80GB"},
+        "model": "gpt3-1.3b", "parallel": {"pipeline": 2, "stage_layers": [10, 14]},
+        "training": {"global_batch": 4},
+    }
+    sc = scenario_from_dict(base)
+    _, info = build_job(sc, cost_model_for(sc))
+    d = sc.model.to_dims()
+    from sim.workload import transformer as tf
+
+    layer = tf.layer_params(d)
+    emb = tf.embedding_params(d)
+    # Stage 0: 10 layers + embedding; stage 1: 14 layers + its copy of the tied head (pipelined).
+    w0, w1 = (info.memory_by_stage[i]["weights"] for i in (0, 1))
+    assert w0 == pytest.approx(2 * (10 * layer + emb))
+    assert w1 == pytest.approx(2 * (14 * layer + emb))
+    # The first stage may hold only the embedding (Meta's first chunk).
+    zero = scenario_from_dict({**base, "parallel": {"pipeline": 2, "stage_layers": [0, 24]}})
+    res = simulate(zero).summary
+    assert res["memory_by_stage"][0]["weights"] == pytest.approx(2 * emb)
+
+
+def test_llama3_405b_meta_layout_relieves_stage_0():
+    """Moving one layer off stage 0 lowers its peak by one layer's model states and the activations of the
+    16 micro-batches in flight; stages 1-7 (8 layers, all 16 micro-batches in flight) then bind."""
+    sc = load_scenario("scenarios/llama3-405b-16384xh100.yaml")
+    even = load_scenario("scenarios/llama3-405b-16384xh100.yaml", ["parallel.stage_layers=null"])
+    cost = cost_model_for(sc)
+    meta = build_job(sc, cost)[1].memory_by_stage
+    flat = build_job(even, cost)[1].memory_by_stage
+    m = sc.model
+    per_layer_act = mem.activation_bytes_per_layer(seq=m.seq_len, micro_batch=1, hidden=m.hidden, heads=m.heads,
+                                                   tp=8, sequence_parallel=True, checkpointing="selective")
+    states_per_layer = (flat[0]["weights"] + flat[0]["gradients"] + flat[0]["optimizer"]
+                        - meta[0]["weights"] - meta[0]["gradients"] - meta[0]["optimizer"])
+    assert flat[0]["peak"] - meta[0]["peak"] == pytest.approx(states_per_layer + 16 * per_layer_act, rel=1e-9)
+    assert meta[0]["peak"] < flat[0]["peak"] and flat[0]["peak"] / GB > 90
+    worst = max(meta, key=lambda r: r["peak"])
+    assert worst["stage"] == 1 and worst["activations"] == pytest.approx(16 * 8 * per_layer_act, rel=1e-9)

@@ -1,0 +1,131 @@
+"""Step-time variability: seeded jitter and random stragglers, percentiles, synchronous amplification."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sim.api import simulate
+from sim.engine.variability import expected_slow_fraction
+from sim.errors import ScenarioError
+from sim.outputs.writers import summary_json, timeline_csv
+from sim.scenario import scenario_from_dict
+
+
+def _dp(n: int, *, steps: int, p: float = 0.0, sigma: float | None = None, symmetry: str = "auto",
+        seed: int = 0) -> dict:
+    """Synchronous data parallelism on n GPUs: 4 layers of 10 ms forward, 20 ms backward, gradient sync."""
+    d = {"name": "var", "cluster": {"nodes": max(1, n // 8), "gpus_per_node": min(8, n), "gpu": "A100-80GB"},
+         "model": {"kind": "synthetic", "layers": 4, "forward_ms": 10, "params_per_layer": 1_000_000},
+         "parallel": {"data": n}, "training": {"global_batch": n},
+         "simulation": {"steps": steps, "seed": seed, "symmetry": symmetry}}
+    if p:
+        d["cluster"]["stragglers"] = {"probability": p, "slowdown": 1.5}
+    if sigma:
+        d["cluster"]["jitter"] = {"kind": "lognormal", "sigma": sigma}
+    return d
+
+
+def test_p99_grows_with_gpu_count():
+    """Same per-GPU straggler probability: a synchronous step is slow when any GPU is, so the share of slow
+    steps follows 1 − (1 − p)^N and the tail percentiles rise with N."""
+    p, steps = 0.001, 300
+    out = {}
+    for n in (4, 32, 256):
+        s = simulate(scenario_from_dict(_dp(n, steps=steps, p=p))).summary
+        times = np.asarray(s["step_times_s"][1:])  # step 0 also fills the pipeline of buckets
+        base = np.median(times)
+        slow = float(np.mean(times > 1.2 * base))
+        q = expected_slow_fraction(p, n)
+        assert abs(slow - q) <= 3 * math.sqrt(q * (1 - q) / len(times)) + 1 / len(times), (n, slow, q)
+        out[n] = s
+    p99 = [out[n]["step_time_p99_s"] for n in (4, 32, 256)]
+    p90 = [out[n]["step_time_p90_s"] for n in (4, 32, 256)]
+    assert p99[0] < p99[1] <= p99[2] and p90[1] < p90[2]
+    # The tail reaches the straggler's pace: compute × 1.5 plus the same sync.
+    assert out[256]["step_time_p99_s"] == pytest.approx(out[256]["step_time_max_s"])
+    assert out[256]["step_time_p99_s"] > 1.4 * out[256]["step_time_min_s"]
+
+
+def test_same_seed_same_bytes_and_seed_matters():
+    d = _dp(4, steps=20, p=0.05, sigma=0.03)
+    a, b = simulate(scenario_from_dict(d)), simulate(scenario_from_dict(d))
+    assert summary_json(a.summary) == summary_json(b.summary)
+    assert timeline_csv(a.timeline) == timeline_csv(b.timeline)
+    c = simulate(scenario_from_dict({**d, "simulation": {**d["simulation"], "seed": 1}}))
+    assert c.summary["step_times_s"] != a.summary["step_times_s"]
+    assert {"step_time_p50_s", "step_time_p90_s", "step_time_p99_s"} <= set(a.summary)
+
+
+def test_one_step_without_variability_adds_nothing():
+    s = simulate(scenario_from_dict(_dp(4, steps=1))).summary
+    assert not any(k.startswith("step_time_p") for k in s)
+    sc = scenario_from_dict(_dp(4, steps=1))
+    assert "jitter" not in sc.resolved()["cluster"]
+
+
+def test_symmetric_stragglers_match_every_gpu_simulated():
+    """One GPU per stage standing for its stage takes the slowest factor among them: the same draws give
+    the same per-step times as simulating all 16 GPUs."""
+    d = _dp(16, steps=12, p=0.03)
+    on = simulate(scenario_from_dict({**d, "simulation": {**d["simulation"], "symmetry": "on"}})).summary
+    off = simulate(scenario_from_dict({**d, "simulation": {**d["simulation"], "symmetry": "off"}})).summary
+    assert max(on["step_times_s"]) > 1.3 * min(on["step_times_s"])  # some steps really straggle
+    assert on["step_times_s"] == pytest.approx(off["step_times_s"], rel=2e-3)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap since NCCL's per-collective launch/protocol model landed: "
+                   "the every-GPU run's TP rendezvous under jitter costs ~3x the symmetric estimate; open")
+def test_symmetric_jitter_matches_every_gpu_simulated_with_tensor_parallelism():
+    """TP 8: the group waits at every TP collective for its slowest member; the symmetric reduction adds the
+    members' lags between collectives and takes the largest, as the full simulation's rendezvous does."""
+    base = {"name": "jit", "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB",
+                                       "jitter": {"sigma": 0.05}},
+            "model": {"kind": "transformer", "preset": "gpt3-1.3b", "layers": 2, "seq_len": 512},
+            "parallel": {"data": 2, "tensor": 8}, "training": {"global_batch": 4},
+            "simulation": {"steps": 8, "seed": 0}}
+    quiet = simulate(scenario_from_dict({**base, "cluster": {**base["cluster"], "jitter": None}})).summary
+    res = {}
+    for sym in ("on", "off"):
+        res[sym] = simulate(scenario_from_dict({**base, "simulation": {**base["simulation"],
+                                                                        "symmetry": sym}})).summary
+    excess = {k: v["step_time_s"] / quiet["step_time_s"] - 1 for k, v in res.items()}
+    # Max of 8 log-normal draws per TP block: the excess is several σ/… percent, and both modes agree.
+    assert excess["off"] > 0.015
+    assert excess["on"] == pytest.approx(excess["off"], rel=0.15)
+
+
+def test_jitter_has_mean_one_on_a_single_gpu():
+    d = {"name": "one", "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "A100-80GB", "jitter": {"sigma": 0.1}},
+         "model": {"kind": "synthetic", "layers": 50, "forward_ms": 1.0}, "parallel": {},
+         "training": {"global_batch": 1}, "simulation": {"steps": 40}}
+    s = simulate(scenario_from_dict(d)).summary
+    # Each step: 50 forward blocks of 1 ms and 50 backward of 2 ms, each × an independent mean-1 factor of
+    # standard deviation √(e^{σ²} − 1). The mean step is 150 ms within 4 standard errors of 40 steps.
+    sd_factor = math.sqrt(math.expm1(0.1**2))
+    se = sd_factor * math.sqrt(50 * 1e-3**2 + 50 * 2e-3**2) / math.sqrt(40)
+    assert s["step_time_s"] == pytest.approx(0.150, abs=4 * se)
+    assert s["step_time_std_s"] > 0
+
+
+@pytest.mark.parametrize("cluster, expect", [
+    ({"stragglers": {"probability": 2, "slowdown": 1.5}}, "stragglers"),
+    ({"jitter": {"kind": "lognormal", "sigma": 0}}, "jitter.sigma"),
+    ({"jitter": {"kind": "normal", "sigma": 0.1}}, "jitter.kind"),
+])
+def test_bad_variability_input(cluster, expect):
+    d = _dp(4, steps=2)
+    d["cluster"].update(cluster)
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict(d)
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_random_stragglers_allowed_with_symmetry_on_and_round_trip():
+    d = _dp(16, steps=2, p=0.01, sigma=0.02, symmetry="on")
+    sc = scenario_from_dict(d)
+    assert sc.cluster.random_stragglers.probability == 0.01 and sc.cluster.fixed_stragglers == {}
+    assert scenario_from_dict(json.loads(json.dumps(sc.resolved()))) == sc

@@ -69,12 +69,10 @@ def test_palm_model_flops_by_hand_for_llama3_405b() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
-def test_every_case_scenario_loads_and_its_recorded_layout_fits(name: str) -> None:
+def test_every_case_scenario_loads(name: str) -> None:
     case, sc = BY_NAME[name], _scenario(name)
     assert scenario_path(case, DEFAULT_CASES).is_relative_to(ROOT / "scenarios" / "published")
-    if case.stage_layers is not None:
-        assert len(case.stage_layers) == sc.parallel.pipeline
-        assert sum(case.stage_layers) == sc.model.layers
+    assert sc.parallel is not None and sc.parallel.world_size == sc.total_gpus
     assert case.source.url.startswith("https://")
 
 

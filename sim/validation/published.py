@@ -70,18 +70,9 @@ class Case(_Strict):
     published: Published
     unit: str = Field(min_length=1, description="what the published figure measures")
     flop_formula: Literal[tuple(FLOP_FORMULAS)]  # type: ignore[valid-type]
-    stage_layers: list[int] | None = Field(
-        None, description="layers per pipeline stage as the source ran them (null = even)"
-    )
     source: Source
     assumptions: list[str] = Field(default_factory=list, description="where the source is silent")
 
-    @model_validator(mode="after")
-    def _stages(self) -> Case:
-        if self.stage_layers is not None and any(n < 1 for n in self.stage_layers):
-            raise RuleError("stage_layers", show(self.stage_layers), "every stage holds at least one layer",
-                            "give positive layer counts")
-        return self
 
 
 class CaseSet(_Strict):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.schedules.actions import SPLIT_BACKWARD
+
 
 @dataclass(frozen=True)
 class Block:
@@ -77,7 +79,7 @@ class TrainingJob:
 
     @property
     def split_backward(self) -> bool:
-        return self.schedule in ("zb-h1", "zb-h2")
+        return self.schedule in SPLIT_BACKWARD
 
     def chunk_of(self, stage: int, chunk: int) -> ChunkWork:
         return self.chunks[chunk * self.pp + stage]

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from sim.hardware.gpu import GPU_ALIASES, GPU_PRESETS, GPUSpec
 from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS, LinkSpec
+from sim.schedules.actions import SCHEDULES
 from sim.units import DTYPE_BYTES, GiB, KiB, MiB
 from sim.workload.kernels import ATTENTION_KINDS, DEFAULT_KERNEL_SET, KERNEL_SET_NAMES, KERNEL_SETS
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 COLLECTIVE_OPS = (
     "all_reduce",

@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sc = load_scenario(args.scenario, args.set or [])
     result = simulate(sc, args.calibration)
     out = Path(args.out) if args.out else _default_out(sc.name)
-    write_results(result, out, charts=not args.no_charts)
+    write_results(result, out, charts=not args.no_charts, trace=not args.no_trace, trace_gz=args.trace_gz)
     from sim.outputs.report import write_report
 
     if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
+    r.add_argument("--no-trace", action="store_true", help="skip trace.json (timeline.csv keeps every span)")
+    r.add_argument("--trace-gz", action="store_true",
+                   help="write trace.json.gz instead of trace.json (~7x smaller; Perfetto opens it as is)")
     r.add_argument("--bubble-sweep", action="store_true",
                    help="also simulate m = p, 2p, 4p, 8p micro-batches and chart the bubble against m")
     r.set_defaults(func=cmd_run)

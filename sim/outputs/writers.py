@@ -52,6 +52,23 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
+@contextmanager
+def atomic_text(path: Path, gzip_level: int | None = None) -> Iterator[IO[str]]:
+    """A text stream to ``path``, written atomically; gzip-compressed when ``gzip_level`` is given.
+
+    The gzip header carries no file name and no time, so the same run gives the same bytes."""
+    if gzip_level is None:
+        with atomic_open(path, "w") as f:
+            yield f
+        return
+    import gzip
+
+    with atomic_open(path, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=gzip_level, mtime=0) as gz:
+            with io.TextIOWrapper(gz, encoding="utf-8", newline="") as text:
+                yield text
+
+
 def summary_json(summary: dict) -> str:
     """Stable text: sorted keys, so the same scenario and seed give byte-identical files."""
     return json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
@@ -214,7 +231,8 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
         ))
         flush()
     for c in timeline.counters:
-        out.append(enc({"ph": "C", "pid": c.gpu, "name": c.name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}}))
+        name = c.name[: -len("_bytes")] + "_GB" if c.name.endswith("_bytes") else c.name  # named in its unit
+        out.append(enc({"ph": "C", "pid": c.gpu, "name": name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}}))
     flush()
     fh.write(f'],"displayTimeUnit":"ms","otherData":{enc(meta or {})}}}')
 

@@ -288,3 +288,57 @@ def test_time_units_follow_the_extent() -> None:
 def test_every_category_has_a_distinct_colour() -> None:
     colours = [style.CATEGORY_COLORS[c] for c in tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES]
     assert len(set(colours)) == len(colours)
+
+
+# ------------------------------------------------------------------------------------ dense layer / writers
+
+
+def test_column_coverage_matches_hand_calculation() -> None:
+    import numpy as np
+
+    from sim.outputs.dense import column_coverage
+
+    # [0.5, 2.25) covers half of column 0, all of 1, a quarter of 2; [3, 3.1) a tenth of column 3.
+    cov = column_coverage(np.array([0.5, 3.0]), np.array([2.25, 3.1]), 5)
+    assert cov.tolist() == pytest.approx([0.5, 1.0, 0.25, 0.1, 0.0])
+
+
+def test_large_gantt_rasterises_narrow_spans_and_keeps_every_row(tmp_path: Path) -> None:
+    import numpy as np
+    from matplotlib.image import AxesImage
+
+    from sim.outputs.gantt import VECTOR_SPANS_MAX
+
+    t = Timeline()
+    t.gpus = [0, 1]
+    n = VECTOR_SPANS_MAX  # per GPU: 2n spans in all, each 1/4 of its slot: far below a pixel
+    for g in t.gpus:
+        t.stage_of[g] = g
+        for i in range(n):
+            t.add(Span(g, tl.STREAM_COMPUTE, "f", tl.FORWARD, i * 1e-3, 0.25e-3, {"microbatch": i}))
+    t.end_s = n * 1e-3
+    fig = gantt_figure(t, {})
+    ax = fig.axes[0]
+    images = [a for a in ax.get_children() if isinstance(a, AxesImage)]
+    assert len(images) == 1 and len(ax.collections) < 10  # one raster layer, no per-span rectangles
+    rgba = np.asarray(images[0].get_array())
+    band = rgba[5, 10:-10, 3] / 255  # row 0's alpha: busy 25 % of every column → floor + 0.65 × 0.25
+    assert band.mean() == pytest.approx(0.35 + 0.65 * 0.25, abs=0.02)
+    assert [x.get_text() for x in ax.get_yticklabels()] == ["gpu0 · compute", "gpu1 · compute"]
+
+
+def test_fast_csv_writer_matches_csv_module() -> None:
+    import csv
+    import io
+
+    from sim.outputs.writers import timeline_csv
+
+    timeline = gpipe_timeline(p=3, m=4, tp=2)
+    timeline.add(Span(0, tl.STREAM_COMPUTE, 'odd, "name"', tl.COMPUTE, 0.0, 0.1, {"bytes": 3}))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
+    for s in sorted(timeline.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
+        w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
+                    s.args.get("microbatch", ""), s.args.get("bytes", "")])
+    assert timeline_csv(timeline) == buf.getvalue()

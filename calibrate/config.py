@@ -70,6 +70,10 @@ class SweepConfig:
     membw_kernels: tuple[str, ...] = MEMBW_KERNELS
     timing: TimingConfig = field(default_factory=TimingConfig)
     collectives: CollectiveConfig = field(default_factory=CollectiveConfig)
+    # Points a speed probe left out (calibrate.probe), each {"dtype", "m", "n", "k", "reason"} or
+    # {"dtype", "reason"}: reported with the section's skips, so the profile says what was not measured.
+    gemm_skipped: tuple[dict, ...] = ()
+    probe: dict = field(default_factory=dict)  # what the probe measured (GEMM FLOP/s per dtype), for the record
 
     def as_dict(self) -> dict:
         return asdict(self)

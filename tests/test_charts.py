@@ -342,3 +342,24 @@ def test_fast_csv_writer_matches_csv_module() -> None:
         w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
                     s.args.get("microbatch", ""), s.args.get("bytes", "")])
     assert timeline_csv(timeline) == buf.getvalue()
+
+
+def test_compare_chart_draws_float_dust_as_zero_on_a_unit_axis() -> None:
+    from sim.outputs.compare_chart import compare_figure
+
+    rows = [{"label": "a", "bubble_fraction": 7.65e-17, "step_time_s": 2.0},
+            {"label": "b", "bubble_fraction": 0.0, "step_time_s": 1.0}]
+    fig = compare_figure(rows)
+    bubble = next(ax for ax in fig.axes if ax.get_visible() and ax.get_title().startswith("pipeline bubble"))
+    assert [p.get_width() for p in bubble.patches] == [0.0, 0.0]
+    assert bubble.get_xlim() == (0.0, 1.0)
+    assert [t.get_text() for t in bubble.texts] == ["0", "0"]
+
+
+def test_bubble_vs_m_says_why_simulated_points_sit_above_the_closed_form() -> None:
+    from sim.outputs.bubble import SIMULATED_NOTE
+
+    above = bubble_vs_microbatches_figure([(4, 0.45), (8, 0.34), (32, 0.21)], p=4)
+    assert SIMULATED_NOTE in [t.get_text() for t in above.axes[0].texts]
+    exact = bubble_vs_microbatches_figure([(m, closed_form_bubble(m, 4)) for m in (4, 8, 32)], p=4)
+    assert not exact.axes[0].texts

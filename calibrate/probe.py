@@ -7,7 +7,8 @@ takes seconds and the sweep's three passes never finish. The probe times one sma
 
 * drops a dtype whose matmuls run below ``SLOW_DTYPE_RATIO`` of fp32's speed (the device has no fast
   path for it; ops in that dtype fall back to the datasheet roofline, and the profile says so), and
-* keeps the GEMM shapes, smallest first, whose predicted timing fits ``GEMM_BUDGET_S``.
+* takes fewer passes over the sweep, then keeps the GEMM shapes, smallest first, until the predicted
+  timing fits ``GEMM_BUDGET_S``.
 
 Everything left out is recorded as a skip with its reason (``SweepConfig.gemm_skipped``), so the profile
 and the run's output say what was not measured and how to measure it (the full sweep).
@@ -78,9 +79,19 @@ def size_cpu_sweep(config: SweepConfig, threads: int, budget_s: float = GEMM_BUD
                 f"{d} on this CPU): not measured in --quick; {d} ops fall back to the datasheet roofline")})
         else:
             dtypes.append(d)
+    order = sorted(config.gemm_shapes, key=lambda s: (s[0] * s[1] * s[2], s))
+
+    def total(cfg: SweepConfig) -> float:
+        return sum(predicted_point_s(2.0 * a * b * c, rates[d], cfg) for a, b, c in order for d in dtypes)
+
+    # Fewer passes before fewer shapes: every shape keeps its place in the fit (the largest set the peak,
+    # the validate jobs' shapes avoid extrapolation); passes only guard against drift.
+    for passes in range(max(1, config.timing.passes), 0, -1):
+        config = replace(config, timing=replace(config.timing, passes=passes))
+        if total(config) <= budget_s:
+            break
     kept: list[tuple[int, int, int]] = []
     spent = 0.0
-    order = sorted(config.gemm_shapes, key=lambda s: (s[0] * s[1] * s[2], s))
     for shape in order:
         flops = 2.0 * shape[0] * shape[1] * shape[2]
         cost = sum(predicted_point_s(flops, rates[d], config) for d in dtypes)
@@ -93,6 +104,7 @@ def size_cpu_sweep(config: SweepConfig, threads: int, budget_s: float = GEMM_BUD
         kept.append(shape)
         spent += cost
     probe = {"gemm_flops_per_s": rates, "gemm_budget_s": budget_s, "gemm_predicted_s": spent,
+             "passes": config.timing.passes,
              "gemm_shapes_kept": len(kept), "gemm_shapes_planned": len(order)}
     return replace(config, gemm_dtypes=tuple(dtypes), gemm_shapes=tuple(kept), gemm_skipped=tuple(skipped),
                    probe=probe)
@@ -106,7 +118,7 @@ def describe(config: SweepConfig) -> str:
     rates = ", ".join(f"{d} {r / 1e9:.3g}" for d, r in p["gemm_flops_per_s"].items())
     dropped = sorted({s["dtype"] for s in config.gemm_skipped if "m" not in s})
     text = (f"probe: matmul GFLOP/s {rates}; GEMM sweep sized to {p['gemm_shapes_kept']} of "
-            f"{p['gemm_shapes_planned']} shapes (≈ {p['gemm_predicted_s']:.0f} s)")
+            f"{p['gemm_shapes_planned']} shapes in {p['passes']} pass(es) (≈ {p['gemm_predicted_s']:.0f} s)")
     if dropped:
         text += f"; skipped {', '.join(dropped)} (no fast path on this CPU)"
     return text

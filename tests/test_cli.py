@@ -154,3 +154,18 @@ def test_trace_gz_and_no_trace_flags(tmp_path, capsys) -> None:
     bare = tmp_path / "bare"
     assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(bare), "--no-trace", "--no-charts"]) == 0
     assert (bare / "timeline.csv").is_file() and not list(bare.glob("trace.json*"))
+
+
+@pytest.mark.parametrize("text_s_per_span", [8e-6, 1.0])  # child draws the other charts / the text only
+def test_outputs_written_by_two_processes_equal_those_written_by_one(tmp_path, monkeypatch, text_s_per_span):
+    from sim.api import simulate, write_results
+    from sim.outputs import run_files
+
+    result = simulate(load_scenario(ROOT / "scenarios" / "seed-pipeline.yaml"))
+    one = write_results(result, tmp_path / "one")
+    monkeypatch.setattr(run_files, "PARALLEL_MIN_SPANS", 0)
+    monkeypatch.setattr(run_files, "TEXT_S_PER_SPAN", text_s_per_span)
+    two = write_results(result, tmp_path / "two")
+    assert [p.name for p in two] == [p.name for p in one]
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name

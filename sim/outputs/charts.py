@@ -7,13 +7,14 @@ from pathlib import Path
 from sim.engine.timeline import Timeline
 
 
-def draw_all(timeline: Timeline, summary: dict, out_dir: Path) -> list[Path]:
+def draw_all(timeline: Timeline, summary: dict, out_dir: Path, skip: tuple[str, ...] = ()) -> list[Path]:
+    """Every chart of a run; ``skip`` names charts another process draws (``sim.outputs.run_files``)."""
     from sim.outputs.bubble import plot_schedule
     from sim.outputs.gantt import plot_gantt
     from sim.outputs.memory_chart import plot_memory
 
     out_dir = Path(out_dir)
-    paths = list(plot_gantt(timeline, summary, out_dir / "gantt"))
+    paths = [] if "gantt" in skip else list(plot_gantt(timeline, summary, out_dir / "gantt"))
     if summary.get("workload") not in (None, "collective"):
         if summary.get("parallel", {}).get("pipeline", 1) > 1:
             paths += plot_schedule(timeline, summary, out_dir / "pipeline")

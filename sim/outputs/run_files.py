@@ -103,6 +103,9 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
         # this process draws every chart; otherwise the child also draws all charts but the Gantt.
         other_charts = ctx is not None and len(timeline.spans) * TEXT_S_PER_SPAN < GANTT_S
         if ctx is not None:
+            from sim.outputs.span_table import span_table
+
+            span_table(timeline)  # built once, before the fork: both processes read the same columns
             receive, reply = ctx.Pipe(duplex=False)
             child = ctx.Process(target=_child, args=(timeline, result.summary, out_dir, meta, trace, trace_gz,
                                                      other_charts, reply), daemon=True)

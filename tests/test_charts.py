@@ -363,3 +363,34 @@ def test_bubble_vs_m_says_why_simulated_points_sit_above_the_closed_form() -> No
     assert SIMULATED_NOTE in [t.get_text() for t in above.axes[0].texts]
     exact = bubble_vs_microbatches_figure([(m, closed_form_bubble(m, 4)) for m in (4, 8, 32)], p=4)
     assert not exact.axes[0].texts
+
+
+def test_vectorised_blocks_and_gaps_match_the_span_by_span_definitions() -> None:
+    import random
+
+    from sim.outputs.bubble import _row_gaps
+    from sim.outputs.gantt import GanttRow, merge_pipeline_blocks, merged_blocks, row_of_spans
+    from sim.outputs.span_table import span_table
+
+    rng = random.Random(3)
+    t = Timeline()
+    t.gpus = [0, 1]
+    for g in t.gpus:
+        clock = 0.0
+        for _ in range(300):
+            mb = rng.choice([0, 1, 2, None])
+            cat = rng.choice([tl.FORWARD, tl.BACKWARD])
+            dur = rng.choice([0.001, 0.01, 0.03])
+            args = {} if mb is None else {"microbatch": mb, "chunk": rng.choice([0, 1])}
+            t.add(Span(g, tl.STREAM_COMPUTE, "x", cat, clock, dur, args))
+            clock += dur + rng.choice([0.0, 0.0, 0.005])
+    table = span_table(t)
+    blocks = merged_blocks(table, row_of_spans(table, [GanttRow(g, tl.STREAM_COMPUTE, "") for g in t.gpus]))
+    for row, gpu in enumerate(t.gpus):
+        want = merge_pipeline_blocks(t.for_gpu(gpu))
+        mine = blocks.row == row
+        assert [(s.start_s, s.end_s) for s in want] == list(zip(blocks.start_s[mine], blocks.end_s[mine], strict=True))
+        starts, durs = _row_gaps(blocks.start_s[mine], blocks.end_s[mine], 0.0, 7.5)
+        gaps = idle_gaps(want, 0.0, 7.5)
+        assert [a for a, _ in gaps] == pytest.approx(starts.tolist())
+        assert [d for _, d in gaps] == pytest.approx(durs.tolist())

@@ -62,13 +62,6 @@ def idle_gaps(spans: list[Span], t0: float, t1: float) -> list[tuple[float, floa
     return [(start, dur) for start, dur in gaps if dur > 0]
 
 
-def pipeline_window(spans: list[Span], end_s: float) -> tuple[float, float]:
-    """First start and last end of the drawn compute spans (the Timeline's end when there are none)."""
-    t0 = min((s.start_s for s in spans), default=0.0)
-    t_end = max((s.end_s for s in spans), default=end_s)
-    return t0, (t_end if t_end > t0 else t0 + 1.0)
-
-
 def closed_form_bubble(m: float, p: int, virtual_stages: int = 1) -> float:
     """Bubble fraction (p−1)/(v·m+p−1) of GPipe/1F1B (v=1) and interleaved 1F1B (v>1)."""
     return (p - 1) / (virtual_stages * m + p - 1)

@@ -200,44 +200,6 @@ def merge_pipeline_blocks(spans: list[Span]) -> list[Span]:
     return out
 
 
-def label_blocks(
-    ax: Axes, y: float, spans: list[Span], factor: float, pts_per_unit: float, fontsize: float, chunked: bool
-) -> int:
-    """Write micro-batch numbers on the blocks of one row; returns how many were written.
-
-    Blocks of one category share a font size (shrunk down to 5 pt so two-digit numbers still fit); a
-    block too narrow even then stays unlabelled rather than overflowing into its neighbours.
-    """
-    groups: dict[str, list[tuple[Span, str, float]]] = defaultdict(list)
-    for span in spans:
-        if "microbatch" in span.args:
-            text = str(span.args["microbatch"])
-            fits = (span.dur_s * factor * pts_per_unit - 3) / (len(text) * 0.62)
-            groups[span.category].append((span, text, fits))
-    written = 0
-    for category, members in groups.items():
-        size = max(MIN_LABEL_PT, min(fontsize, min(fits for _, _, fits in members)))
-        for span, text, fits in members:
-            if fits < size:
-                continue
-            fill = style.category_color(category)
-            if chunked and int(span.args.get("chunk", 0)) % 2 == 1:
-                fill = style.lighten(fill, 0.45)
-            ax.text(
-                (span.start_s + span.dur_s / 2) * factor,
-                y,
-                text,
-                ha="center",
-                va="center",
-                fontsize=size,
-                color=style.text_color_on(fill),
-                clip_on=True,
-                zorder=3,
-            ).set_in_layout(False)
-            written += 1
-    return written
-
-
 def legend_handles(categories: Iterable[str], chunked: bool, extra: list[Patch] | None = None) -> list[Patch]:
     """Legend entries for the categories present only, in the canonical order."""
     handles = [
@@ -270,15 +232,6 @@ def axes_width_pts(fig: Figure, ax: Axes) -> float:
 def pixel_columns(width_pts: float) -> int:
     """Pixel columns of an axes ``width_pts`` wide in the PNG (one raster column per pixel)."""
     return max(1, int(round(width_pts / 72.0 * style.PNG_DPI)))
-
-
-def time_extent(spans: Iterable[Span], end_s: float) -> tuple[float, float]:
-    starts, ends = [0.0], [end_s]
-    for s in spans:
-        starts.append(s.start_s)
-        ends.append(s.end_s)
-    lo, hi = min(starts), max(ends)
-    return lo, (hi if hi > lo else lo + 1.0)
 
 
 def row_of_spans(table: SpanTable, rows: list[GanttRow]) -> np.ndarray:
@@ -381,7 +334,7 @@ def label_table_blocks(
     fontsize: float,
     chunked: bool,
 ) -> int:
-    """``label_blocks`` for every row at once: micro-batch numbers on ``blocks``; blocks of a (row,
+    """Micro-batch numbers for every row at once on ``blocks``; blocks of a (row,
     category) share a font size; blocks too narrow for it stay unlabelled. Returns labels written."""
     b = blocks.select(blocks.microbatch != NO_MICROBATCH)
     if not len(b):

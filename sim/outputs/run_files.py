@@ -8,6 +8,7 @@ than a couple of seconds (tqdm, on a terminal only).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -23,9 +24,10 @@ from sim.outputs.writers import (
 
 PARALLEL_MIN_SPANS = 5_000  # below this the outputs take well under a second: no process is worth it
 # Rough costs on one core, to split the work between the two processes: the text files take ~8 µs per
-# span (timeline.csv + trace.json of the 175B run: 1.25 s for 150,442 spans), the Gantt chart ~1–3 s.
+# span (timeline.csv + trace.json of the 175B run: 1.2 s for 150,442 spans); the charts at least ~1.5 s,
+# the Gantt about half of that (more with many micro-batch labels: 2.7 of 4.7 s at 16,384 GPUs).
 TEXT_S_PER_SPAN = 8e-6
-GANTT_S = 1.5
+CHARTS_S = 1.5
 TRACE_GZIP_LEVEL = 1  # fastest level: ~7× smaller than the JSON for a few tenths of a second per 10⁵ spans
 PROGRESS_DELAY_S = 2.0
 
@@ -47,17 +49,16 @@ def _write_big_files(timeline, out_dir: Path, meta: dict, trace: bool, trace_gz:
 
 
 def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trace_gz: bool,
-           other_charts: bool, reply) -> None:
-    """In the forked process: the text files, and with ``other_charts`` every chart but the Gantt. Any
+           parent_charts: tuple[str, ...], reply) -> None:
+    """In the forked process: the text files, and every chart not in ``parent_charts``. Any
     failure is reported by exit status only; the parent then does the work itself and reports the error
     the usual way (one line), so the user never sees a child traceback."""
+    gc.disable()  # short-lived: a collection would walk (and so copy, page by page) the parent's whole heap
     try:
         _write_big_files(timeline, out_dir, meta, trace, trace_gz)
-        drawn = []
-        if other_charts:
-            from sim.outputs.charts import draw_all
+        from sim.outputs.charts import draw_all
 
-            drawn = draw_all(timeline, summary, out_dir, skip=("gantt",))
+        drawn = draw_all(timeline, summary, out_dir, skip=parent_charts)
         reply.send([str(p) for p in drawn])
     except KeyboardInterrupt:
         sys.exit(130)
@@ -74,7 +75,20 @@ def _fork_context():
 
 def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = True,
                     trace_gz: bool = False) -> list[Path]:
-    """Write the files of ``result`` into ``out_dir`` (each atomically); returns their paths."""
+    """Write the files of ``result`` into ``out_dir`` (each atomically); returns their paths.
+
+    The objects that exist now (the timeline: 10⁵–10⁶ spans) are frozen out of the garbage collector
+    meanwhile: every full collection would walk them all again (a second per few collections on a large
+    run) and, after the fork, copy their pages into the child."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return _write_run_files(result, out_dir, charts, trace, trace_gz)
+    finally:
+        gc.unfreeze()
+
+
+def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz: bool) -> list[Path]:
     from tqdm import tqdm
 
     from sim.scenario.load import dump_resolved
@@ -99,28 +113,25 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
 
         ctx = _fork_context() if charts and len(timeline.spans) >= PARALLEL_MIN_SPANS else None
         child = None
-        # Balance the two processes: when the text files are the larger half, the child writes them and
-        # this process draws every chart; otherwise the child also draws all charts but the Gantt.
-        other_charts = ctx is not None and len(timeline.spans) * TEXT_S_PER_SPAN < GANTT_S
+        # Balance the two processes: the child writes the text files and the charts this one leaves it:
+        # the small charts when the text files are heavy, all but the Gantt when they are light.
+        heavy = len(timeline.spans) * TEXT_S_PER_SPAN >= CHARTS_S / 2
+        parent_charts = ("gantt", "pipeline") if heavy else ("gantt",)
         if ctx is not None:
             from sim.outputs.span_table import span_table
 
             span_table(timeline)  # built once, before the fork: both processes read the same columns
             receive, reply = ctx.Pipe(duplex=False)
             child = ctx.Process(target=_child, args=(timeline, result.summary, out_dir, meta, trace, trace_gz,
-                                                     other_charts, reply), daemon=True)
+                                                     parent_charts, reply), daemon=True)
             child.start()
             reply.close()
         else:
             _write_big_files(timeline, out_dir, meta, trace, trace_gz)
             bar.update()
         chart_paths: list[Path] = []
-        if charts and other_charts:
-            from sim.outputs.gantt import plot_gantt
-
-            chart_paths = list(plot_gantt(timeline, result.summary, out_dir / "gantt"))
-        elif charts:
-            chart_paths = draw_all(timeline, result.summary, out_dir)
+        if charts:
+            chart_paths = draw_all(timeline, result.summary, out_dir, only=parent_charts if child else None)
         if child is not None:
             drawn = None
             try:
@@ -136,8 +147,7 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
                 receive.close()
             if child.exitcode != 0 or drawn is None:  # do its work in this process (errors surface here)
                 _write_big_files(timeline, out_dir, meta, trace, trace_gz)
-                if other_charts:
-                    drawn = [str(p) for p in draw_all(timeline, result.summary, out_dir, skip=("gantt",))]
+                drawn = [str(p) for p in draw_all(timeline, result.summary, out_dir, skip=parent_charts)]
             chart_paths += [Path(p) for p in drawn or []]
             bar.update()
         if charts:

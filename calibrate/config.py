@@ -70,6 +70,10 @@ class SweepConfig:
     membw_kernels: tuple[str, ...] = MEMBW_KERNELS
     timing: TimingConfig = field(default_factory=TimingConfig)
     collectives: CollectiveConfig = field(default_factory=CollectiveConfig)
+    # Points a speed probe left out (calibrate.probe), each {"dtype", "m", "n", "k", "reason"} or
+    # {"dtype", "reason"}: reported with the section's skips, so the profile says what was not measured.
+    gemm_skipped: tuple[dict, ...] = ()
+    probe: dict = field(default_factory=dict)  # what the probe measured (GEMM FLOP/s per dtype), for the record
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -188,13 +192,18 @@ def make_config(device: str, quick: bool) -> SweepConfig:
             gemm_dtypes=("fp32", "bf16"),
             membw_sizes_bytes=_pow2_sizes(64 * KiB, 64 * MiB, 4),
             membw_dtypes=("fp32",),
-            # Three passes of 2 samples: a shared VM's speed drifts for seconds at a time (by up to 1.6× on
-            # the 2-core EPYC VM); the median of three passes ignores one slow spell (timing.sweep).
+            # Up to three passes of 2 samples: a shared VM's speed drifts for seconds at a time (by up to
+            # 1.6× on the 2-core EPYC VM); the median of three passes ignores one slow spell (timing.sweep).
+            # calibrate.probe lowers the passes (then the shapes) to what this CPU measures in its budget,
+            # and two retakes per point bound what a busy machine can add (five took 614 retakes and 119 s
+            # for this GEMM section on the 2-core VM with other processes running).
             timing=TimingConfig(
-                warmup=2, repeats=2, passes=3, min_batch_s=0.002, max_inner=20, rotate_bytes=64 * MiB
+                warmup=2, repeats=2, passes=3, min_batch_s=0.002, max_inner=20, rotate_bytes=64 * MiB, retakes=2
             ),
+            # Up to 16 MiB, 1 warm-up and 3 samples: a gloo all-reduce of 64 MiB alone took 0.62 s per call
+            # on the 2-core VM (27 s for the section with 64 MiB, 3 + 5 samples); 8 sizes still pin α and B.
             collectives=CollectiveConfig(
-                sizes_bytes=_pow2_sizes(KiB, 64 * MiB, 4), warmup=3, repeats=5, target_bytes=16 * MiB
+                sizes_bytes=_pow2_sizes(KiB, 16 * MiB, 4), warmup=1, repeats=3, target_bytes=8 * MiB
             ),
         )
     shapes = (

@@ -143,4 +143,5 @@ def run_gemm(
         )
     finally:
         clear_pools()
-    return {"dtypes": dtypes, "measurements": measurements, "skipped": skipped + failed}
+    return {"dtypes": dtypes, "measurements": measurements,
+            "skipped": skipped + list(config.gemm_skipped) + failed}

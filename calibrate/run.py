@@ -133,6 +133,13 @@ def run_calibration(
     """
     launched = torchrun_env()
     rank = launched[0] if launched else 0
+    if opts.device == "cpu" and config.name == "quick" and GEMM in opts.sections and not launched:
+        # Size the GEMM sweep to this CPU (calibrate.probe); under torchrun every rank would probe its own
+        # speed and the ranks' sweeps would differ, so launched runs keep the sweep as configured.
+        from calibrate.probe import describe, size_cpu_sweep
+
+        config = size_cpu_sweep(config, cpu_threads_per_device(opts.world))
+        note(describe(config))
     profile = _start_profile(opts, config, argv) if rank == 0 else None
     done: set[str] = set()
     if opts.resume and profile is not None:

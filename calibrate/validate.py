@@ -41,6 +41,7 @@ from calibrate.launch import (
     READY_TAG,
     WORKER_FLAG,
     CalibrationError,
+    HostLoad,
     cpu_threads_per_device,
     init_distributed,
     run_workers,
@@ -64,6 +65,12 @@ JOBS = ("single", "ddp", "pipeline")
 # compute apart and do not share: 25%.
 DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.30}
 BUSY_CORES = 0.1  # other processes using this many cores on average during a job get a note
+# A job measured while other processes used ≥ BUSY_CORES (before, during or after it), or whose step times
+# spread by more than NOISE_MAX (half the interquartile range over the median), is run again, up to
+# MAX_TRIES times; the quietest try is compared. LOAD_PROBE_S: how long the idle machine is watched.
+NOISE_MAX = 0.10
+MAX_TRIES = 3
+LOAD_PROBE_S = 1.0
 DDP_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, and the scenario's parallel.bucket_MB
 # On CPU, glibc returns large freed blocks to the OS, so every step page-faults fresh activation and
 # gradient buffers (a cost GPUs, with the CUDA caching allocator, do not pay and dtsim does not model).
@@ -438,10 +445,18 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
     return profile, device, world, out
 
 
+def _background_text(row: dict) -> str:
+    bg = row.get("background_load_cores") or {}
+    parts = [f"{k} {v:.2f}" for k, v in bg.items() if v is not None]
+    tries = row.get("tries", 1)
+    text = f" (idle machine {', '.join(parts)} cores)" if parts else ""
+    return text + (f", quietest of {tries} tries" if tries > 1 else "")
+
+
 def _format(rows: list[dict], tolerance: float) -> str:
     lines = [
-        f"{'job':<9} {'devices':>7} {'measured ms':>12} {'(min–max)':>17} {'simulated ms':>13} {'error':>7}  "
-        f"{'verdict':<7}  other load",
+        f"{'job':<9} {'devices':>7} {'measured ms':>12} {'(min–max)':>17} {'simulated ms':>13} {'error':>7} "
+        f"{'± noise':>7}  {'verdict':<7}  other load",
     ]
     for r in rows:
         m = r["measured"]
@@ -450,8 +465,11 @@ def _format(rows: list[dict], tolerance: float) -> str:
         load = r.get("other_load_cores")
         lines.append(
             f"{r['job']:<9} {devices:>7} {m['median_s'] * 1e3:>12.2f} {spread:>17} "
-            f"{r['simulated_s'] * 1e3:>13.2f} {r['rel_error'] * 100:>6.1f}%  {'pass' if r['passed'] else 'FAIL':<7}  "
+            f"{r['simulated_s'] * 1e3:>13.2f} {r['rel_error'] * 100:>6.1f}% "
+            + (f"{'±' + format(r['noise_band'] * 100, '.1f') + '%':>7}" if r.get("noise_band") is not None else f"{'':>7}")
+            + f"  {r.get('verdict') or ('pass' if r['passed'] else 'FAIL'):<7}  "
             + ("n/a" if load is None else f"{load:.2f} cores")
+            + _background_text(r)
         )
     lines.append(
         f"tolerance: |simulated − measured| / measured <= {tolerance:.0%}; measured: median over steps of the "
@@ -460,6 +478,11 @@ def _format(rows: list[dict], tolerance: float) -> str:
     if any(r.get("replicas", 1) > 1 for r in rows):
         lines.append(
             "x N: N independent copies at once (a CPU profile describes one device of a fully loaded machine)"
+        )
+    if any(r.get("verdict") == "noisy" for r in rows):
+        lines.append(
+            "noisy: the error exceeds the tolerance by less than the step times' own noise band (half their "
+            "interquartile range): it cannot be told from this machine's noise; rerun on a quiet machine"
         )
     busy = [r for r in rows if (r.get("other_load_cores") or 0) >= BUSY_CORES]
     if busy:
@@ -471,6 +494,52 @@ def _format(rows: list[dict], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+def background_load(seconds: float = LOAD_PROBE_S) -> float | None:
+    """Cores other processes used over the next ``seconds`` (this process idle): the machine's background."""
+    probe = HostLoad()
+    time.sleep(seconds)
+    return probe.other_cores()
+
+
+def noise_band(samples: list[float]) -> float:
+    """Relative half-width of the measured step times' spread: half the interquartile range over the
+    median with four or more steps, half the min–max range with fewer. An error inside this band of the
+    tolerance cannot be told from the machine's own noise."""
+    med = statistics.median(samples)
+    if med <= 0:
+        return 0.0
+    if len(samples) >= 4:
+        q1, _, q3 = statistics.quantiles(samples, n=4)
+        return (q3 - q1) / 2 / med
+    return (max(samples) - min(samples)) / 2 / med
+
+
+def verdict(rel_error: float, band: float, tolerance: float) -> str:
+    """pass within the tolerance; FAIL beyond the tolerance plus the noise band; noisy in between (the
+    error may be the machine's noise: rerun on a quiet machine)."""
+    if abs(rel_error) <= tolerance:
+        return "pass"
+    return "FAIL" if abs(rel_error) - band > tolerance else "noisy"
+
+
+def _measure_quietly(job: ValidationJob, device: str, threads: int | None, timeout_s: float) -> dict:
+    """Run ``job`` up to ``MAX_TRIES`` times while the machine is noisy (other processes busy before, during
+    or after it, or a wide spread of step times); keep the quietest try. Each try records the background
+    load measured before and after it and the noise band of its step times."""
+    tries = []
+    for _ in range(MAX_TRIES):
+        before = background_load()
+        real = run_real(job, device, threads, timeout_s)
+        after = background_load()
+        loads = [x for x in (before, real.get("other_load_cores"), after) if x is not None]
+        tries.append({"real": real, "before": before, "after": after, "load": max(loads, default=0.0),
+                      "band": noise_band(real["step_times_s"])})
+        if tries[-1]["load"] < BUSY_CORES and tries[-1]["band"] <= NOISE_MAX:
+            break
+    best = min(tries, key=lambda t: (t["load"] >= BUSY_CORES, t["band"], t["load"]))
+    return {**best, "tries": len(tries)}
+
+
 def _compare(
     job: ValidationJob,
     profile: dict,
@@ -479,9 +548,10 @@ def _compare(
     threads: int | None,
     tolerance: float,
 ) -> dict:
-    """Simulate ``job``, run it for real, and compare median step times."""
+    """Simulate ``job``, run it for real (again while the machine is noisy), and compare median step times."""
     scenario, summary = simulate_job(job, profile, str(args.profile.resolve()))
-    real = run_real(job, device, threads, args.timeout)
+    quiet = _measure_quietly(job, device, threads, args.timeout)
+    real = quiet["real"]
     t = real["step_times_s"]
     measured = {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "samples_s": t}
     sim_s = float(summary["step_time_s"])
@@ -494,8 +564,12 @@ def _compare(
         "measured": measured,
         "simulated_s": sim_s,
         "rel_error": err,
+        "noise_band": quiet["band"],
         "passed": abs(err) <= tolerance,
+        "verdict": verdict(err, quiet["band"], tolerance),
         "other_load_cores": real.get("other_load_cores"),
+        "background_load_cores": {"before": quiet["before"], "after": quiet["after"]},
+        "tries": quiet["tries"],
         "scenario": scenario,
         "cost_model": summary.get("cost_model"),
     }
@@ -539,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
 
     path = write_json_atomic(result, out / "validate.json")
     print(f"results: {path}")
-    return 0 if rows and all(r["passed"] for r in rows) else 1
+    return 0 if rows and all(r["passed"] for r in rows) else 1  # noisy is not a pass: it gates nothing
 
 
 if __name__ == "__main__":

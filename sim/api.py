@@ -230,26 +230,13 @@ def _cost_summary(summary: dict, scenario) -> None:
         summary["energy_to_train_MWh"] = steps_total * summary["energy_kWh_per_step"] / 1e3
 
 
-def write_results(result: RunResult, out_dir: Path, charts: bool = True) -> list[Path]:
-    """Write the result folder: summary.json, timeline.csv, trace.json, resolved.yaml (+ charts)."""
-    from sim.outputs.writers import atomic_write_text, chrome_trace, summary_json, timeline_csv
-    from sim.scenario.load import dump_resolved
+def write_results(result: RunResult, out_dir: Path, charts: bool = True, trace: bool = True,
+                  trace_gz: bool = False) -> list[Path]:
+    """Write the result folder: summary.json, timeline.csv, trace.json (or trace.json.gz), resolved.yaml
+    (+ charts); see ``sim.outputs.run_files``."""
+    from sim.outputs.run_files import write_run_files
 
-    out_dir = Path(out_dir)
-    paths = []
-    for name, text in (
-        ("summary.json", summary_json(result.summary)),
-        ("timeline.csv", timeline_csv(result.timeline)),
-        ("trace.json", chrome_trace(result.timeline, {"scenario": result.summary.get("name")})),
-        ("resolved.yaml", dump_resolved(result.scenario)),
-    ):
-        atomic_write_text(out_dir / name, text)
-        paths.append(out_dir / name)
-    if charts:
-        from sim.outputs.charts import draw_all
-
-        paths += draw_all(result.timeline, result.summary, out_dir)
-    return paths
+    return write_run_files(result, out_dir, charts=charts, trace=trace, trace_gz=trace_gz)
 
 
 def bubble_sweep(scenario, microbatches: list[int]) -> list[tuple[int, float]]:

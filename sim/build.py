@@ -51,11 +51,13 @@ def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel
     return CalibratedCostModel(path, fallback=roof)
 
 
-def topology_for(scenario, cost: CostModel) -> Topology:
+def topology_for(scenario, cost: CostModel, max_nodes: int | None = None) -> Topology:
+    """The scenario's topology; ``max_nodes`` builds only that many nodes (same links and per-link
+    figures: what a closed-form screen needs to read link speeds without building a huge cluster)."""
     c = scenario.cluster
     n = c.gpus_per_node
     return Topology(
-        nodes=c.nodes,
+        nodes=c.nodes if max_nodes is None else min(c.nodes, max_nodes),
         gpus_per_node=n,
         intra=c.intra_node,
         inter=c.inter_node,

@@ -116,7 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     est = check_budget(sc, args.max_events)
     with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
         result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
-        write_results(result, staging, charts=not args.no_charts)
+        write_results(result, staging, charts=not args.no_charts, trace=not args.no_trace,
+                      trace_gz=args.trace_gz)
         if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
             from sim.api import bubble_sweep
             from sim.outputs.bubble import plot_bubble_vs_microbatches
@@ -204,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
     r.add_argument("--max-events", type=positive_events, default=None,
                    help=f"refuse scenarios estimated above this many simulation events (default {DEFAULT_MAX_EVENTS:.0e})")
+    r.add_argument("--no-trace", action="store_true", help="skip trace.json (timeline.csv keeps every span)")
+    r.add_argument("--trace-gz", action="store_true",
+                   help="write trace.json.gz instead of trace.json (~7x smaller; Perfetto opens it as is)")
     r.add_argument("--bubble-sweep", action="store_true",
                    help="also simulate m = p, 2p, 4p, 8p micro-batches and chart the bubble against m")
     r.set_defaults(func=cmd_run)

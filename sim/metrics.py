@@ -9,17 +9,17 @@ from sim.engine.timeline import COMM_CATEGORIES, COMPUTE_CATEGORIES, STREAM_COMP
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals``: vectorised (a 10⁵-span run spent seconds in a Python loop
+    here), adding the merged segments' lengths left to right as the loop did, so results are unchanged."""
     if not intervals:
         return 0.0
-    arr = np.asarray(sorted(intervals))
-    total, cur_s, cur_e = 0.0, arr[0, 0], arr[0, 1]
-    for s, e in arr[1:]:
-        if s > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s)
+    arr = np.asarray(intervals, dtype=float)
+    arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]
+    starts, reach = arr[:, 0], np.maximum.accumulate(arr[:, 1])
+    new = np.r_[True, starts[1:] > reach[:-1]]  # a segment starts where nothing before reaches it
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:], len(arr)] - 1
+    return sum((reach[last] - starts[first]).tolist())
 
 
 def _intersect_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:

@@ -171,3 +171,23 @@ def test_passes_spread_each_point_and_merge_to_the_median_of_pass_medians():
     assert a["min_s"] == 0.9 and a["max_s"] == pytest.approx(3.3) and a["retaken"] == 2
     assert once["passes"] == 1 and once["time_s"] == 2.0  # failed in its second pass: the first counts
     assert skipped == [{"point": "never", "reason": "out of memory"}]
+
+
+def test_quick_cpu_sweep_is_sized_from_the_probe():
+    from calibrate.probe import predicted_point_s, size_cpu_sweep
+
+    base = make_config("cpu", True)
+    # A CPU without fast bf16 (0.8 GFLOP/s vs 30 for fp32): bf16 is dropped and says why.
+    slow = size_cpu_sweep(base, 1, rates={"fp32": 30e9, "bf16": 0.8e9})
+    assert slow.gemm_dtypes == ("fp32",)
+    assert any(s["dtype"] == "bf16" and "no fast bf16" in s["reason"] for s in slow.gemm_skipped)
+    # A slow machine: passes go first, then the largest shapes, until the prediction fits the budget.
+    tiny = size_cpu_sweep(base, 1, budget_s=5.0, rates={"fp32": 5e9, "bf16": 5e9})
+    assert tiny.timing.passes == 1 and 0 < len(tiny.gemm_shapes) < len(base.gemm_shapes)
+    spent = sum(predicted_point_s(2.0 * m * n * k, 5e9, tiny) for m, n, k in tiny.gemm_shapes for _ in range(2))
+    assert spent <= 5.0 and tiny.probe["gemm_predicted_s"] == pytest.approx(spent)
+    dropped = {(s["m"], s["n"], s["k"]) for s in tiny.gemm_skipped if "m" in s}
+    assert dropped == set(base.gemm_shapes) - set(tiny.gemm_shapes)
+    assert min(m * n * k for m, n, k in dropped) >= max(m * n * k for m, n, k in tiny.gemm_shapes)
+    # The sized config survives the JSON round trip that carries it to the CPU workers.
+    assert SweepConfig.from_dict(json.loads(json.dumps(tiny.as_dict()))) == tiny

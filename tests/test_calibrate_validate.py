@@ -152,3 +152,30 @@ def test_validate_on_cuda(tmp_path):
     assert rc in (0, 1)
     result = json.loads((out / "validate.json").read_text())
     assert result["jobs"][0]["job"] == "single" and result["jobs"][0]["simulated_s"] > 0
+
+
+def test_noise_band_and_verdict_by_hand():
+    from calibrate.validate import noise_band, verdict
+
+    # quartiles of 1..8 (exclusive method): 2.25 and 6.75 → half-IQR 2.25 over the median 4.5 = 0.5
+    assert noise_band([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(0.5)
+    assert noise_band([0.9, 1.1]) == pytest.approx(0.1)  # two steps: half the range over the median
+    assert verdict(-0.20, 0.05, 0.30) == "pass"
+    assert verdict(-0.33, 0.05, 0.30) == "noisy"  # 3 points over, inside a 5-point noise band
+    assert verdict(-0.46, 0.05, 0.30) == "FAIL"
+
+
+def test_noisy_jobs_are_rerun_and_the_quietest_kept(monkeypatch):
+    import calibrate.validate as v
+
+    runs = iter([
+        {"step_times_s": [1.0, 1.6], "other_load_cores": 0.9},  # busy and spread: rerun
+        {"step_times_s": [1.0, 1.02], "other_load_cores": 0.0},  # quiet: kept, no third try
+        {"step_times_s": [9.0, 9.0], "other_load_cores": 0.0},
+    ])
+    monkeypatch.setattr(v, "run_real", lambda *a, **k: next(runs))
+    monkeypatch.setattr(v, "background_load", lambda seconds=0: 0.0)
+    job = v.ValidationJob("single", 1, 1, (8, 8), 4, 1, "fp32", 2, 1)
+    got = v._measure_quietly(job, "cpu", 1, 10.0)
+    assert got["tries"] == 2 and got["real"]["step_times_s"] == [1.0, 1.02]
+    assert got["band"] == pytest.approx(0.01 / 1.01)

@@ -288,3 +288,109 @@ def test_time_units_follow_the_extent() -> None:
 def test_every_category_has_a_distinct_colour() -> None:
     colours = [style.CATEGORY_COLORS[c] for c in tl.COMPUTE_CATEGORIES + tl.COMM_CATEGORIES]
     assert len(set(colours)) == len(colours)
+
+
+# ------------------------------------------------------------------------------------ dense layer / writers
+
+
+def test_column_coverage_matches_hand_calculation() -> None:
+    import numpy as np
+
+    from sim.outputs.dense import column_coverage
+
+    # [0.5, 2.25) covers half of column 0, all of 1, a quarter of 2; [3, 3.1) a tenth of column 3.
+    cov = column_coverage(np.array([0.5, 3.0]), np.array([2.25, 3.1]), 5)
+    assert cov.tolist() == pytest.approx([0.5, 1.0, 0.25, 0.1, 0.0])
+
+
+def test_large_gantt_rasterises_narrow_spans_and_keeps_every_row(tmp_path: Path) -> None:
+    import numpy as np
+    from matplotlib.image import AxesImage
+
+    from sim.outputs.gantt import VECTOR_SPANS_MAX
+
+    t = Timeline()
+    t.gpus = [0, 1]
+    n = VECTOR_SPANS_MAX  # per GPU: 2n spans in all, each 1/4 of its slot: far below a pixel
+    for g in t.gpus:
+        t.stage_of[g] = g
+        for i in range(n):
+            t.add(Span(g, tl.STREAM_COMPUTE, "f", tl.FORWARD, i * 1e-3, 0.25e-3, {"microbatch": i}))
+    t.end_s = n * 1e-3
+    fig = gantt_figure(t, {})
+    ax = fig.axes[0]
+    images = [a for a in ax.get_children() if isinstance(a, AxesImage)]
+    assert len(images) == 1 and len(ax.collections) < 10  # one raster layer, no per-span rectangles
+    rgba = np.asarray(images[0].get_array())
+    band = rgba[5, 10:-10, 3] / 255  # row 0's alpha: busy 25 % of every column → floor + 0.65 × 0.25
+    assert band.mean() == pytest.approx(0.35 + 0.65 * 0.25, abs=0.02)
+    assert [x.get_text() for x in ax.get_yticklabels()] == ["gpu0 · compute", "gpu1 · compute"]
+
+
+def test_fast_csv_writer_matches_csv_module() -> None:
+    import csv
+    import io
+
+    from sim.outputs.writers import timeline_csv
+
+    timeline = gpipe_timeline(p=3, m=4, tp=2)
+    timeline.add(Span(0, tl.STREAM_COMPUTE, 'odd, "name"', tl.COMPUTE, 0.0, 0.1, {"bytes": 3}))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
+    for s in sorted(timeline.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
+        w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
+                    s.args.get("microbatch", ""), s.args.get("bytes", "")])
+    assert timeline_csv(timeline) == buf.getvalue()
+
+
+def test_compare_chart_draws_float_dust_as_zero_on_a_unit_axis() -> None:
+    from sim.outputs.compare_chart import compare_figure
+
+    rows = [{"label": "a", "bubble_fraction": 7.65e-17, "step_time_s": 2.0},
+            {"label": "b", "bubble_fraction": 0.0, "step_time_s": 1.0}]
+    fig = compare_figure(rows)
+    bubble = next(ax for ax in fig.axes if ax.get_visible() and ax.get_title().startswith("pipeline bubble"))
+    assert [p.get_width() for p in bubble.patches] == [0.0, 0.0]
+    assert bubble.get_xlim() == (0.0, 1.0)
+    assert [t.get_text() for t in bubble.texts] == ["0", "0"]
+
+
+def test_bubble_vs_m_says_why_simulated_points_sit_above_the_closed_form() -> None:
+    from sim.outputs.bubble import SIMULATED_NOTE
+
+    above = bubble_vs_microbatches_figure([(4, 0.45), (8, 0.34), (32, 0.21)], p=4)
+    assert SIMULATED_NOTE in [t.get_text() for t in above.axes[0].texts]
+    exact = bubble_vs_microbatches_figure([(m, closed_form_bubble(m, 4)) for m in (4, 8, 32)], p=4)
+    assert not exact.axes[0].texts
+
+
+def test_vectorised_blocks_and_gaps_match_the_span_by_span_definitions() -> None:
+    import random
+
+    from sim.outputs.bubble import _row_gaps
+    from sim.outputs.gantt import GanttRow, merge_pipeline_blocks, merged_blocks, row_of_spans
+    from sim.outputs.span_table import span_table
+
+    rng = random.Random(3)
+    t = Timeline()
+    t.gpus = [0, 1]
+    for g in t.gpus:
+        clock = 0.0
+        for _ in range(300):
+            mb = rng.choice([0, 1, 2, None])
+            cat = rng.choice([tl.FORWARD, tl.BACKWARD])
+            dur = rng.choice([0.001, 0.01, 0.03])
+            args = {} if mb is None else {"microbatch": mb, "chunk": rng.choice([0, 1])}
+            t.add(Span(g, tl.STREAM_COMPUTE, "x", cat, clock, dur, args))
+            clock += dur + rng.choice([0.0, 0.0, 0.005])
+    table = span_table(t)
+    blocks = merged_blocks(table, row_of_spans(table, [GanttRow(g, tl.STREAM_COMPUTE, "") for g in t.gpus]))
+    for row, gpu in enumerate(t.gpus):
+        want = merge_pipeline_blocks(t.for_gpu(gpu))
+        mine = blocks.row == row
+        assert [(s.start_s, s.end_s) for s in want] == list(zip(blocks.start_s[mine], blocks.end_s[mine], strict=True))
+        starts, durs = _row_gaps(blocks.start_s[mine], blocks.end_s[mine], 0.0, 7.5)
+        gaps = idle_gaps(want, 0.0, 7.5)
+        assert [a for a, _ in gaps] == pytest.approx(starts.tolist())
+        assert [d for _, d in gaps] == pytest.approx(durs.tolist())

@@ -136,3 +136,36 @@ def test_run_with_shipped_cpu_profile_reports_calibration(tmp_path, capsys) -> N
                  "--set", "training.global_batch=4", "--set", "parallel.data=1", "--set", "parallel.tensor=4"]) == 0
     roof = json.loads(capsys.readouterr().out)
     assert "calibration" not in roof and s["step_time_s"] > 10 * roof["step_time_s"]
+
+
+def test_trace_gz_and_no_trace_flags(tmp_path, capsys) -> None:
+    import gzip
+
+    gz = tmp_path / "gz"
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(gz), "--trace-gz", "--no-charts"]) == 0
+    assert not (gz / "trace.json").exists()
+    raw = (gz / "trace.json.gz").read_bytes()
+    trace = json.loads(gzip.decompress(raw))
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == 32
+    assert "trace.json.gz" in (gz / "report.html").read_text()
+    # deterministic bytes: no file name or time in the gzip header
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(gz), "--trace-gz", "--no-charts"]) == 0
+    assert (gz / "trace.json.gz").read_bytes() == raw
+    bare = tmp_path / "bare"
+    assert main(["run", "scenarios/seed-pipeline.yaml", "--out", str(bare), "--no-trace", "--no-charts"]) == 0
+    assert (bare / "timeline.csv").is_file() and not list(bare.glob("trace.json*"))
+
+
+@pytest.mark.parametrize("text_s_per_span", [8e-6, 1.0])  # child draws the other charts / the text only
+def test_outputs_written_by_two_processes_equal_those_written_by_one(tmp_path, monkeypatch, text_s_per_span):
+    from sim.api import simulate, write_results
+    from sim.outputs import run_files
+
+    result = simulate(load_scenario(ROOT / "scenarios" / "seed-pipeline.yaml"))
+    one = write_results(result, tmp_path / "one")
+    monkeypatch.setattr(run_files, "PARALLEL_MIN_SPANS", 0)
+    monkeypatch.setattr(run_files, "TEXT_S_PER_SPAN", text_s_per_span)
+    two = write_results(result, tmp_path / "two")
+    assert [p.name for p in two] == [p.name for p in one]
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name

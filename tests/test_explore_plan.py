@@ -83,6 +83,29 @@ def test_closed_form_screen_tracks_the_simulator(tmp_path):
         assert e.states_bytes <= summary["memory_bytes"]["peak"]
 
 
+def test_screen_prices_links_as_the_simulation_does_calibrated_or_not(tmp_path):
+    """The estimator's (α, B) per link are the simulated topology's: presets without a profile, the profile's
+    fitted ring all-reduce (nearest group size) with one."""
+    from sim.build import cost_model_for
+    from sim.cost.base import INTER_NODE, INTRA_NODE
+
+    base = load_scenario(write(tmp_path, HAND_1P3B))
+    c = base.cluster
+    plain = Estimator(base)
+    assert plain.intra == (c.intra_node.latency_s, c.intra_node.bandwidth_Bps)
+    assert plain.inter == (c.inter_node.latency_s, c.inter_node.bandwidth_Bps * c.nics_per_node / c.gpus_per_node)
+    prof = ROOT / "calibrate" / "profiles" / "cpu-amd-epyc.json"
+    data = {**HAND_1P3B, "calibration": str(prof)}
+    sc = load_scenario(write(tmp_path, data))
+    est = Estimator(sc)
+    fitted = cost_model_for(sc).link_params(INTRA_NODE, c.gpus_per_node)
+    assert fitted is not None and fitted != plain.intra
+    assert est.intra == pytest.approx(fitted)
+    inter = cost_model_for(sc).link_params(INTER_NODE, c.nodes)
+    expected_inter = inter or (c.inter_node.latency_s, c.inter_node.bandwidth_Bps)
+    assert est.inter == pytest.approx((expected_inter[0], expected_inter[1] * c.nics_per_node / c.gpus_per_node))
+
+
 # ---- the planner ------------------------------------------------------------------------------------
 def test_plan_beats_a_hand_written_megatron_layout(tmp_path):
     result = plan(str(write(tmp_path, HAND_13B)), top=2, workers=2, progress=False)

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from sim import analytic as an
 from sim import memory as mem
-from sim.build import OPTIMIZER_BYTES_PER_PARAM, cost_model_for
+from sim.build import OPTIMIZER_BYTES_PER_PARAM, cost_model_for, topology_for
 from sim.parallel.layout import partition_layers, stage_layers_for
 from sim.units import DTYPE_BYTES, MB
 from sim.workload import transformer as tf
@@ -117,10 +117,13 @@ class Estimator:
         c = scenario.cluster
         self.gpus_per_node = c.gpus_per_node
         self.nodes = c.nodes
-        self.intra = (c.intra_node.latency_s, c.intra_node.bandwidth_Bps)
+        # Links as the simulation sees them: the topology applies a calibration profile's fitted α and
+        # bandwidth over the presets, so screen and simulation price a collective alike.
+        topo = topology_for(scenario, self.cost, max_nodes=2)
+        self.intra = (topo.intra_latency_s, topo.intra_bw_Bps)
         # Per-GPU share of the node's NICs (several NICs per GPU add up, GPUs sharing one split it).
         nic_share = c.nics_per_node / c.gpus_per_node
-        self.inter = (c.inter_node.latency_s, c.inter_node.bandwidth_Bps * nic_share)
+        self.inter = (topo.inter_latency_s, topo.inter_bw_Bps * nic_share)
         self.leaf_factor = 1.0 / c.topology.oversubscription
         self.nodes_per_leaf = c.nodes if c.topology.kind == "single-switch" else c.topology.nodes_per_leaf
         tr = scenario.training

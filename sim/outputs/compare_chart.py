@@ -34,6 +34,13 @@ COMPARE_PANELS: tuple[tuple[str, str, float, str, bool], ...] = (
 )
 
 
+ZERO_EPS = 1e-9  # |value| below this (in the panel's unit) is rounding dust from float arithmetic
+
+
+def _zero_dust(value: float) -> float:
+    return 0.0 if abs(value) < ZERO_EPS else value
+
+
 def _fmt(value: float) -> str:
     if abs(value) < 1e-9:
         return "0"
@@ -58,7 +65,8 @@ def compare_figure(rows: list[dict]) -> Figure:
             ax.set_visible(False)
             continue
         key, title, scale, unit, lower = panels[k]
-        vals = [r.get(key) for r in rows]
+        # Float dust (a bubble of 7.65e-17) is zero: drawn as no bar, printed "0", on a sane axis.
+        vals = [None if r.get(key) is None else _zero_dust(r[key] * scale) / scale for r in rows]
         xs = [v * scale if v is not None else 0.0 for v in vals]
         bars = ax.barh(ys, xs, color=colors, height=0.7, zorder=2)
         for i, (bar, v) in enumerate(zip(bars, vals, strict=True)):
@@ -87,6 +95,8 @@ def compare_figure(rows: list[dict]) -> Figure:
         ax.grid(axis="x", color="#DDDDDD", zorder=0)
         ax.margins(x=0.28)
         ax.set_xlim(left=0)
+        if max(xs, default=0.0) <= 0.0:
+            ax.set_xlim(0, 1)  # every value is zero: a unit axis, not one autoscaled to nothing
         ax.tick_params(labelsize=8)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)

@@ -17,9 +17,14 @@ from matplotlib.patches import Patch
 
 from sim.engine.timeline import FORWARD, STREAM_COMPUTE, Span, Timeline
 from sim.outputs import style
+from sim.outputs.dense import WIDE_PX, DenseLayer
+from sim.outputs.span_table import NO_MICROBATCH, SpanTable, span_table
 
 FIG_WIDTH_IN = 14.0
-MIN_LABEL_PT = 5.0  # smaller micro-batch numbers are unreadable; leave those blocks blank
+MIN_LABEL_PT = 5.0
+# Up to this many drawn spans every span is its own rectangle (a 16-GPU run draws in ~1 s); above it,
+# spans narrower than WIDE_PX pixels are summed per pixel column into one raster layer (sim.outputs.dense).
+VECTOR_SPANS_MAX = 20_000  # smaller micro-batch numbers are unreadable; leave those blocks blank
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ def all_gpus(timeline: Timeline) -> list[int]:
 def stages_of(timeline: Timeline) -> dict[int, int]:
     """Pipeline stage per GPU: ``stage_of`` first, else the ``stage`` arg of the GPU's compute spans."""
     stages = dict(timeline.stage_of)
+    if timeline.gpus and all(g in stages for g in timeline.gpus):
+        return stages  # every GPU placed: no need to read 10⁵ spans
     for span in timeline.spans:
         if span.gpu not in stages and "stage" in span.args:
             stages[span.gpu] = int(span.args["stage"])
@@ -59,10 +66,13 @@ def representative_gpus(timeline: Timeline) -> list[int]:
     return [best[s] for s in sorted(best)]
 
 
-def _streams_by_gpu(spans: Iterable[Span]) -> dict[int, list[str]]:
+def _streams_by_gpu(timeline: Timeline) -> dict[int, list[str]]:
+    table = span_table(timeline)
     found: dict[int, set[str]] = defaultdict(set)
-    for span in spans:
-        found[span.gpu].add(span.stream)
+    width = max(len(table.streams), 1)
+    for key in np.unique(table.gpu * width + table.stream).tolist():
+        gpu, stream = divmod(key, width)
+        found[gpu].add(table.streams[stream])
     return {gpu: sorted(streams, key=style.stream_rank) for gpu, streams in found.items()}
 
 
@@ -95,7 +105,7 @@ def gantt_rows(timeline: Timeline, max_rows: int = 64) -> tuple[list[GanttRow], 
     Above ``max_rows`` rows we keep the lowest GPU id of each pipeline stage (the stages are what differ;
     data- and tensor-parallel peers look alike); if that is still too many, evenly spaced stages.
     """
-    streams = _streams_by_gpu(timeline.spans)
+    streams = _streams_by_gpu(timeline)
     gpus = all_gpus(timeline)
     rows = _rows_for(timeline, gpus, streams)
     if len(rows) <= max_rows:
@@ -126,17 +136,39 @@ def _row_height_in(n_rows: int) -> float:
     return min(0.32, max(0.12, 20.0 / max(n_rows, 1)))
 
 
+def span_fill(category: str, odd_chunk: bool):
+    """Fill colour of a block: the category's colour, lighter for odd virtual chunks."""
+    color = style.category_color(category)
+    return style.lighten(color, 0.45) if odd_chunk else color
+
+
 def draw_spans(
-    ax: Axes, y: float, spans: list[Span], factor: float, pts_per_unit: float, chunked: bool
+    ax: Axes,
+    y: float,
+    spans: list[Span],
+    factor: float,
+    pts_per_unit: float,
+    chunked: bool,
+    dense: DenseLayer | None = None,
 ) -> set[str]:
-    """Draw one row's spans grouped by colour; returns the categories drawn."""
+    """Draw one row's spans grouped by colour; returns the categories drawn.
+
+    With ``dense``, spans narrower than ``WIDE_PX`` pixels go to that raster layer instead of becoming
+    rectangles of their own (row ``y`` of the layer)."""
     groups: dict[tuple[str, bool], list[Span]] = defaultdict(list)
     for span in spans:
         odd_chunk = chunked and int(span.args.get("chunk", 0)) % 2 == 1
         groups[(span.category, odd_chunk)].append(span)
     for (category, odd_chunk), members in groups.items():
-        color = style.category_color(category)
-        fill = style.lighten(color, 0.45) if odd_chunk else color
+        fill = span_fill(category, odd_chunk)
+        if dense is not None:
+            narrow = [s for s in members if dense.px(s.dur_s * factor) < WIDE_PX]
+            for s in narrow:
+                dense.add(int(y), fill, s.start_s * factor, s.dur_s * factor)
+            if narrow:
+                members = [s for s in members if dense.px(s.dur_s * factor) >= WIDE_PX]
+            if not members:
+                continue
         xranges = [(s.start_s * factor, s.dur_s * factor) for s in members]
         # White separators only where a block is wide enough to keep its colour visible.
         widths = [0.4 if w * pts_per_unit > 4 else 0.0 for _, w in xranges]
@@ -168,44 +200,6 @@ def merge_pipeline_blocks(spans: list[Span]) -> list[Span]:
     return out
 
 
-def label_blocks(
-    ax: Axes, y: float, spans: list[Span], factor: float, pts_per_unit: float, fontsize: float, chunked: bool
-) -> int:
-    """Write micro-batch numbers on the blocks of one row; returns how many were written.
-
-    Blocks of one category share a font size (shrunk down to 5 pt so two-digit numbers still fit); a
-    block too narrow even then stays unlabelled rather than overflowing into its neighbours.
-    """
-    groups: dict[str, list[tuple[Span, str, float]]] = defaultdict(list)
-    for span in spans:
-        if "microbatch" in span.args:
-            text = str(span.args["microbatch"])
-            fits = (span.dur_s * factor * pts_per_unit - 3) / (len(text) * 0.62)
-            groups[span.category].append((span, text, fits))
-    written = 0
-    for category, members in groups.items():
-        size = max(MIN_LABEL_PT, min(fontsize, min(fits for _, _, fits in members)))
-        for span, text, fits in members:
-            if fits < size:
-                continue
-            fill = style.category_color(category)
-            if chunked and int(span.args.get("chunk", 0)) % 2 == 1:
-                fill = style.lighten(fill, 0.45)
-            ax.text(
-                (span.start_s + span.dur_s / 2) * factor,
-                y,
-                text,
-                ha="center",
-                va="center",
-                fontsize=size,
-                color=style.text_color_on(fill),
-                clip_on=True,
-                zorder=3,
-            ).set_in_layout(False)
-            written += 1
-    return written
-
-
 def legend_handles(categories: Iterable[str], chunked: bool, extra: list[Patch] | None = None) -> list[Patch]:
     """Legend entries for the categories present only, in the canonical order."""
     handles = [
@@ -235,33 +229,162 @@ def axes_width_pts(fig: Figure, ax: Axes) -> float:
     return ax.get_position().width * fig.get_figwidth() * 72.0
 
 
-def time_extent(spans: Iterable[Span], end_s: float) -> tuple[float, float]:
-    starts, ends = [0.0], [end_s]
-    for s in spans:
-        starts.append(s.start_s)
-        ends.append(s.end_s)
-    lo, hi = min(starts), max(ends)
-    return lo, (hi if hi > lo else lo + 1.0)
+def pixel_columns(width_pts: float) -> int:
+    """Pixel columns of an axes ``width_pts`` wide in the PNG (one raster column per pixel)."""
+    return max(1, int(round(width_pts / 72.0 * style.PNG_DPI)))
+
+
+def row_of_spans(table: SpanTable, rows: list[GanttRow]) -> np.ndarray:
+    """Chart row of every span of ``table`` (−1 for spans of GPUs/streams not drawn)."""
+    width = max(len(table.streams), 1)
+    code = {name: i for i, name in enumerate(table.streams)}
+    row_keys = np.array([r.gpu * width + code.get(r.stream, -1) if r.stream in code else -1 for r in rows],
+                        dtype=np.int64)
+    if not len(table) or not len(row_keys):
+        return np.full(len(table), -1, dtype=np.int64)
+    order = np.argsort(row_keys, kind="stable")
+    sorted_keys = row_keys[order]
+    span_keys = table.gpu * width + table.stream
+    pos = np.clip(np.searchsorted(sorted_keys, span_keys), 0, len(sorted_keys) - 1)
+    return np.where(sorted_keys[pos] == span_keys, order[pos], -1)
+
+
+def category_palette(layer: DenseLayer, table: SpanTable, chunked: bool) -> np.ndarray:
+    """Palette index per (category code · 2 + odd chunk), registered in the canonical category order so the
+    picture does not depend on the order spans were recorded in (a redraw from files is byte-identical)."""
+    lut = np.zeros(2 * max(len(table.categories), 1), dtype=np.int64)
+    for code in sorted(range(len(table.categories)), key=lambda c: (style.category_rank(table.categories[c]),
+                                                                    table.categories[c])):
+        for odd in (False, True) if chunked else (False,):
+            lut[2 * code + odd] = layer.color_id(span_fill(table.categories[code], odd))
+    return lut
+
+
+def draw_table_rows(
+    ax: Axes,
+    timeline: Timeline,
+    table: SpanTable,
+    row_of: np.ndarray,
+    dense: DenseLayer,
+    factor: float,
+    pts_per_unit: float,
+    chunked: bool,
+) -> set[str]:
+    """Draw the spans with a row: narrow ones into ``dense`` (only when there are more than
+    ``VECTOR_SPANS_MAX``), the others as rectangles (in start order)."""
+    drawn = row_of >= 0
+    odd = (table.chunk % 2 == 1) & chunked
+    px = table.dur_s * factor * dense.px_per_unit
+    if int(drawn.sum()) <= VECTOR_SPANS_MAX:
+        px = np.full(len(table), np.inf)  # few enough: every span a rectangle, as pipeline diagrams draw them
+    narrow = np.flatnonzero(drawn & (px < WIDE_PX))
+    lut = category_palette(dense, table, chunked)
+    dense.add_many(row_of[narrow], lut[2 * table.category[narrow] + odd[narrow]],
+                   table.start_s[narrow] * factor, table.dur_s[narrow] * factor)
+    categories = {table.categories[c] for c in np.unique(table.category[drawn]).tolist()}
+    wide = np.flatnonzero(drawn & (px >= WIDE_PX))
+    wide = wide[np.lexsort((table.start_s[wide], row_of[wide]))]
+    spans = timeline.spans
+    bounds = np.flatnonzero(np.diff(row_of[wide])) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(wide)], strict=True):
+        if hi > lo:
+            draw_spans(ax, int(row_of[wide[lo]]), [spans[k] for k in wide[lo:hi].tolist()], factor,
+                       pts_per_unit, chunked)
+    return categories
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Merged pipeline blocks as columns (see ``merged_blocks``)."""
+
+    row: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+    category: np.ndarray  # code into the table's categories
+    microbatch: np.ndarray
+    chunk: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+    def select(self, mask: np.ndarray) -> Blocks:
+        return Blocks(*(getattr(self, f)[mask] for f in ("row", "start_s", "end_s", "category", "microbatch",
+                                                          "chunk")))
+
+
+def merged_blocks(table: SpanTable, row_of: np.ndarray) -> Blocks:
+    """``merge_pipeline_blocks`` of every chart row at once: consecutive spans of a row (by start) with the
+    same category, micro-batch and chunk form one block from the first start to the last end."""
+    idx = np.flatnonzero(row_of >= 0)
+    idx = idx[np.lexsort((table.start_s[idx], row_of[idx]))]
+    row, cat, mb, ch = row_of[idx], table.category[idx], table.microbatch[idx], table.chunk[idx]
+    same = (row[1:] == row[:-1]) & (cat[1:] == cat[:-1]) & (mb[1:] == mb[:-1]) & (ch[1:] == ch[:-1])
+    new = np.r_[True, ~(same & (mb[1:] != NO_MICROBATCH))] if len(idx) else np.zeros(0, dtype=bool)
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:], len(idx)] - 1
+    return Blocks(row[first], table.start_s[idx[first]], table.end_s[idx[last]], cat[first], mb[first], ch[first])
+
+
+def label_table_blocks(
+    ax: Axes,
+    table: SpanTable,
+    blocks: Blocks,
+    factor: float,
+    pts_per_unit: float,
+    fontsize: float,
+    chunked: bool,
+) -> int:
+    """Micro-batch numbers for every row at once on ``blocks``; blocks of a (row,
+    category) share a font size; blocks too narrow for it stay unlabelled. Returns labels written."""
+    b = blocks.select(blocks.microbatch != NO_MICROBATCH)
+    if not len(b):
+        return 0
+    digits = np.char.str_len(b.microbatch.astype(str))
+    fits = ((b.end_s - b.start_s) * factor * pts_per_unit - 3) / (digits * 0.62)
+    group = b.row * max(len(table.categories), 1) + b.category
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    written = 0
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(order)], strict=True):
+        members = order[lo:hi]
+        size = max(MIN_LABEL_PT, min(fontsize, float(fits[members].min())))
+        for k in members[fits[members] >= size].tolist():
+            fill = span_fill(table.categories[b.category[k]], bool(chunked and b.chunk[k] % 2 == 1))
+            ax.text(
+                (b.start_s[k] + (b.end_s[k] - b.start_s[k]) / 2) * factor,
+                int(b.row[k]),
+                str(int(b.microbatch[k])),
+                ha="center",
+                va="center",
+                fontsize=size,
+                color=style.text_color_on(fill),
+                clip_on=True,
+                zorder=3,
+            ).set_in_layout(False)
+            written += 1
+    return written
 
 
 def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figure:
-    """Build the Gantt figure without writing it, so tests and reports can inspect or embed it."""
+    """Build the Gantt figure without writing it, so tests and reports can inspect or embed it.
+
+    Up to ``VECTOR_SPANS_MAX`` spans, each is a rectangle. Above that, spans at least ``WIDE_PX`` pixels wide
+    stay rectangles and narrower ones (most of a large run) are summed per pixel column into one raster
+    layer, so the cost follows the picture's size, not the timeline's."""
     rows, note = gantt_rows(timeline, max_rows)
+    table = span_table(timeline)
     n = len(rows)
     row_in = _row_height_in(n)
     fig = Figure(figsize=(FIG_WIDTH_IN, max(3.2, n * row_in + 2.1)), layout="constrained")
     ax = fig.add_subplot()
 
-    index = {(r.gpu, r.stream): i for i, r in enumerate(rows)}
-    by_row: dict[int, list[Span]] = defaultdict(list)
-    for span in timeline.spans:
-        i = index.get((span.gpu, span.stream))
-        if i is not None:
-            by_row[i].append(span)
-    drawn = [s for spans in by_row.values() for s in spans]
-    lo, hi = time_extent(drawn, timeline.end_s)
+    row_of = row_of_spans(table, rows)
+    drawn = row_of >= 0
+    lo = min(0.0, float(table.start_s[drawn].min())) if drawn.any() else 0.0
+    hi = max(timeline.end_s, float(table.end_s[drawn].max())) if drawn.any() else timeline.end_s
+    hi = hi if hi > lo else lo + 1.0
     factor, unit = style.time_scale(hi - lo)
-    chunked = any(int(s.args.get("chunk", 0)) > 0 for s in drawn)
+    chunked = bool((table.chunk[drawn] > 0).any())
 
     row_pts = row_in * 72.0
     label_fs = max(5.0, min(9.0, row_pts * 0.55))
@@ -280,13 +403,16 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
         if rows[i].gpu != rows[i - 1].gpu:
             ax.axhline(i - 0.5, color="#B0B0B0", linewidth=0.6, zorder=0.2)
 
-    pts_per_unit = axes_width_pts(fig, ax) / ((hi - lo) * factor)
-    categories: set[str] = set()
+    width_pts = axes_width_pts(fig, ax)
+    pts_per_unit = width_pts / ((hi - lo) * factor)
+    dense = DenseLayer(n, pixel_columns(width_pts), lo * factor, hi * factor)
+    categories = draw_table_rows(ax, timeline, table, row_of, dense, factor, pts_per_unit, chunked)
     block_fs = min(7.0, row_pts * 0.8 * 0.6)
-    for i, spans in by_row.items():
-        categories |= draw_spans(ax, i, spans, factor, pts_per_unit, chunked)
-        if block_fs >= MIN_LABEL_PT:
-            label_blocks(ax, i, merge_pipeline_blocks(spans), factor, pts_per_unit, block_fs, chunked)
+    if block_fs >= MIN_LABEL_PT:
+        label_table_blocks(ax, table, merged_blocks(table, row_of), factor, pts_per_unit, block_fs, chunked)
+    dense.draw(ax)
+    ax.set_ylim(max(n, 1) - 0.5, -0.5)
+    ax.set_xlim(lo * factor, hi * factor)
 
     idle = Patch(facecolor=style.IDLE_COLOR, edgecolor="#B0B0B0", label="idle")
     handles = legend_handles(categories, chunked, [idle])

@@ -71,9 +71,16 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
                 args["bytes"] = float(row["bytes"])
             tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"],
                                  float(row["start_s"]), float(row["dur_s"]), args))
+    if not trace_p.is_file() and trace_p.with_name("trace.json.gz").is_file():
+        trace_p = trace_p.with_name("trace.json.gz")  # written with --trace-gz
     if trace_p.is_file():
         with _tag(trace_p):
-            trace = json.loads(trace_p.read_text(encoding="utf-8"))
+            if trace_p.suffix == ".gz":
+                import gzip  # only for traces written with --trace-gz
+
+                trace = json.loads(gzip.decompress(trace_p.read_bytes()).decode("utf-8"))
+            else:
+                trace = json.loads(trace_p.read_text(encoding="utf-8"))
             for ev in trace.get("traceEvents", []):
                 if ev.get("ph") == "M" and ev.get("name") == "process_name":
                     tl.gpus.append(ev["pid"])

@@ -187,11 +187,13 @@ def _figure(png: Path) -> str:
 def _perfetto(folder: Path, shown: Path) -> str:
     trace = folder / "trace.json"
     if not trace.exists():
+        trace = folder / "trace.json.gz"  # --trace-gz: Perfetto opens the compressed file as it is
+    if not trace.exists():
         return ""
     size = trace.stat().st_size / 1e6
     return (
         "<h2>Timeline in Perfetto</h2>"
-        '<p>The full timeline is in <a href="trace.json" download><code>trace.json</code></a> '
+        f'<p>The full timeline is in <a href="{trace.name}" download><code>{trace.name}</code></a> '
         f"({size:.1f} MB, "
         "next to this report). To explore it:</p><ol>"
         f'<li>open <a href="{PERFETTO_URL}" target="_blank" rel="noopener noreferrer">{PERFETTO_URL}</a> '

@@ -6,7 +6,6 @@ a half-written file where a good one was.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -15,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+import numpy as np
 
 from sim.engine.timeline import Timeline
 
@@ -51,43 +52,193 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
+@contextmanager
+def atomic_text(path: Path, gzip_level: int | None = None) -> Iterator[IO[str]]:
+    """A text stream to ``path``, written atomically; gzip-compressed when ``gzip_level`` is given.
+
+    The gzip header carries no file name and no time, so the same run gives the same bytes."""
+    if gzip_level is None:
+        with atomic_open(path, "w") as f:
+            yield f
+        return
+    import gzip
+
+    with atomic_open(path, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=gzip_level, mtime=0) as gz:
+            with io.TextIOWrapper(gz, encoding="utf-8", newline="") as text:
+                yield text
+
+
 def summary_json(summary: dict) -> str:
     """Stable text: sorted keys, so the same scenario and seed give byte-identical files."""
     return json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
 
 
+CSV_HEADER = "gpu,stream,name,category,start_s,dur_s,end_s,microbatch,bytes\n"
+CHUNK_LINES = 50_000  # lines joined per write: bounded memory for any timeline size
+
+
+def _csv_quote(text: str) -> str:
+    """A CSV field as ``csv.writer`` (QUOTE_MINIMAL) writes it."""
+    if any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def _blank_none(value) -> str:
+    return "" if value is None else str(value)
+
+
+def _csv_column(texts: list[str]) -> list[str]:
+    """Text fields quoted as ``csv.writer`` would; one scan of the joined column when none needs it."""
+    joined = "\x00".join(texts)
+    if not any(c in joined for c in ',"\n\r'):
+        return texts
+    return [_csv_quote(t) for t in texts]
+
+
+def csv_order(timeline: Timeline) -> list[int]:
+    """Span indices sorted by (GPU, start, stream name), stable: the row order of timeline.csv."""
+    from sim.outputs.span_table import span_table
+
+    table = span_table(timeline)
+    alpha = {name: rank for rank, name in enumerate(sorted(table.streams))}
+    stream_rank = np.array([alpha[name] for name in table.streams], dtype=np.int64)
+    if not len(table):
+        return []
+    return np.lexsort((stream_rank[table.stream], table.start_s, table.gpu)).tolist()
+
+
+def _reprs(values: list) -> list[str]:
+    """``repr`` of every number, formatted by the C list repr in one call (ints and finite floats only)."""
+    text = repr(values)
+    return text[1:-1].split(", ") if len(values) else []
+
+
+def write_timeline_csv(timeline: Timeline, fh: IO[str]) -> None:
+    """timeline.csv, streamed in chunks: one row per span, sorted by GPU, start and stream.
+
+    The same bytes ``csv.writer`` gives, at a fraction of the cost: numbers are formatted column-wise by C
+    list reprs and rows joined with ``map`` rather than one Python call per field."""
+    spans = timeline.spans
+    order = csv_order(timeline)
+    fh.write(CSV_HEADER)
+    for lo in range(0, len(order), CHUNK_LINES):
+        part = [spans[k] for k in order[lo : lo + CHUNK_LINES]]
+        starts = [s.start_s for s in part]
+        durs = [s.dur_s for s in part]
+        args = [s.args for s in part]
+        mbs = [a.get("microbatch", "") for a in args]
+        nbytes = [a.get("bytes", "") for a in args]
+        cols = (
+            _reprs([s.gpu for s in part]),
+            _csv_column([s.stream for s in part]),
+            _csv_column([s.name for s in part]),
+            _csv_column([s.category for s in part]),
+            _reprs(starts),
+            _reprs(durs),
+            _reprs([x + d for x, d in zip(starts, durs, strict=True)]),
+            ["" if v is None else str(v) for v in mbs],
+            ["" if v is None else str(v) for v in nbytes],
+        )
+        fh.write("\n".join(map(",".join, zip(*cols, strict=True))) + "\n")
+
+
 def timeline_csv(timeline: Timeline) -> str:
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
-    for s in sorted(timeline.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
-        w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
-                    s.args.get("microbatch", ""), s.args.get("bytes", "")])
+    write_timeline_csv(timeline, buf)
     return buf.getvalue()
 
 
 STREAM_ORDER = {"compute": 0, "comm": 1, "dp": 2, "p2p": 3}
 
 
-def chrome_trace(timeline: Timeline, meta: dict | None = None) -> str:
-    """Chrome trace event format (JSON object form): pid = GPU, tid = stream, times in µs.
+def _compact_encoder():
+    """``json.dumps(o, separators=(",", ":"), default=float)`` without building an encoder per call: the
+    C encoder made once (times are finite, so a float's JSON is its repr, as json itself writes it)."""
+    from json import encoder as je
 
-    Memory counter tracks use "C" events; process and thread names come from the timeline labels."""
-    events: list[dict] = []
-    tids: dict[tuple[int, str], int] = {}
+    if je.c_make_encoder is None:  # pure-Python json: slower, same text
+        return json.JSONEncoder(separators=(",", ":"), default=float).encode
+    c_enc = je.c_make_encoder(None, float, je.encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda o: "".join(c_enc(o, 0))
+
+
+def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None) -> None:
+    """Chrome trace event format (JSON object form), streamed: pid = GPU, tid = stream, times in µs.
+
+    Memory counter tracks use "C" events; process and thread names come from the timeline labels. Each
+    event is formatted on its own (names cached, args through the C JSON encoder) and written in chunks,
+    so a 10⁶-span trace never exists as one list of dicts."""
+    enc = _compact_encoder()
+    names: dict[str, str] = {}
+
+    def js(text: str) -> str:
+        hit = names.get(text)
+        if hit is None:
+            hit = names[text] = enc(text)
+        return hit
+
+    out: list[str] = []
     for g in timeline.gpus:
-        events.append({"ph": "M", "pid": g, "name": "process_name", "args": {"name": timeline.labels.get(g, f"gpu{g}")}})
-        events.append({"ph": "M", "pid": g, "name": "process_sort_index", "args": {"sort_index": g}})
-    for s in timeline.spans:
-        key = (s.gpu, s.stream)
-        if key not in tids:
-            tid = STREAM_ORDER.get(s.stream, 10 + len(tids))
-            tids[key] = tid
-            events.append({"ph": "M", "pid": s.gpu, "tid": tid, "name": "thread_name", "args": {"name": s.stream}})
-        events.append({"ph": "X", "pid": s.gpu, "tid": tids[key], "name": s.name, "cat": s.category,
-                       "ts": s.start_s * 1e6, "dur": s.dur_s * 1e6, "args": s.args})
+        out.append(enc({"ph": "M", "pid": g, "name": "process_name", "args": {"name": timeline.labels.get(g, f"gpu{g}")}}))
+        out.append(enc({"ph": "M", "pid": g, "name": "process_sort_index", "args": {"sort_index": g}}))
+    fh.write('{"traceEvents":[')
+    first = True
+
+    def flush() -> None:
+        nonlocal first
+        if out:
+            fh.write(("" if first else ",") + ",".join(out))
+            first = False
+            out.clear()
+
+    tids: dict[tuple[int, str], int] = {}
+    args_json: dict[tuple, str] = {}
+
+    def args_text(args: dict) -> str:
+        try:
+            key = tuple(args.items())
+            hit = args_json.get(key)
+        except TypeError:  # an unhashable value: encode it every time
+            return enc(args)
+        if hit is None:
+            hit = args_json[key] = enc(args)
+        return hit
+
+    x_event = '{{"ph":"X","pid":{},"tid":{},"name":{},"cat":{},"ts":{},"dur":{},"args":{}}}'.format
+    spans = timeline.spans
+    for lo in range(0, len(spans), CHUNK_LINES):
+        part = spans[lo : lo + CHUNK_LINES]
+        tid_of = []
+        for s in part:
+            key = (s.gpu, s.stream)
+            tid = tids.get(key)
+            if tid is None:
+                tid = tids[key] = STREAM_ORDER.get(s.stream, 10 + len(tids))
+                # thread names are metadata: Perfetto reads them wherever they stand in the file
+                out.append(f'{{"ph":"M","pid":{s.gpu},"tid":{tid},"name":"thread_name","args":{{"name":{js(s.stream)}}}}}')
+            tid_of.append(tid)
+        out.extend(map(
+            x_event,
+            _reprs([s.gpu for s in part]),
+            _reprs(tid_of),
+            [js(s.name) for s in part],
+            [js(s.category) for s in part],
+            _reprs([s.start_s * 1e6 for s in part]),
+            _reprs([s.dur_s * 1e6 for s in part]),
+            [args_text(s.args) for s in part],
+        ))
+        flush()
     for c in timeline.counters:
         name = c.name[: -len("_bytes")] + "_GB" if c.name.endswith("_bytes") else c.name  # named in its unit
-        events.append({"ph": "C", "pid": c.gpu, "name": name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}})
-    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}},
-                      separators=(",", ":"), default=float)
+        out.append(enc({"ph": "C", "pid": c.gpu, "name": name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}}))
+    flush()
+    fh.write(f'],"displayTimeUnit":"ms","otherData":{enc(meta or {})}}}')
+
+
+def chrome_trace(timeline: Timeline, meta: dict | None = None) -> str:
+    """The Chrome trace as one string (see ``write_chrome_trace``)."""
+    buf = io.StringIO()
+    write_chrome_trace(timeline, buf, meta)
+    return buf.getvalue()

@@ -1,14 +1,7 @@
-"""The calibration profile: one versioned JSON file with metadata, raw measurements and fitted models.
+"""Writing calibration profiles: new, record a finished section, refit, save atomically.
 
-Layout (schema_version 1)::
-
-    {"schema_version": 1, "kind": "dtsim-calibration-profile",
-     "metadata": {...device, versions, env, date, host, command...},
-     "run": {"device": "cpu"|"cuda", "sweep": "full"|"quick"|"tiny", "world_size": N, "sweep_config": {...}},
-     "sections": {"gemm": {"status": "done", "measurements": [...], ...},
-                  "memory": {...}, "collectives": {"status": "done"|"unmeasurable", ...}},
-     "fits": {"gemm": {dtype: {...}}, "memory": {...}, "collectives": [{op, scope, group_size, alpha_s, ...}]}}
-
+The format (schema_version, kind, metadata, run, sections, fits) and its reader live in
+``sim.cost.profile``, with the simulator that prices ops from it; this module re-exports the reader.
 Writes are atomic (temp file in the same folder, fsync, os.replace) and happen after each section, so an
 interrupted run keeps what it finished. Importing this module never imports torch.
 """

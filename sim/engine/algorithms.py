@@ -60,6 +60,16 @@ class GroupShape:
 
 
 def group_shape(topology, gpus: list[int]) -> GroupShape:
+    """The group's shape, memoised on the topology (a training step asks for the same groups again and again)."""
+    memo = topology.__dict__.setdefault("_group_shapes", {})
+    key = tuple(gpus)
+    shape = memo.get(key)
+    if shape is None:
+        shape = memo[key] = _group_shape(topology, gpus)
+    return shape
+
+
+def _group_shape(topology, gpus: list[int]) -> GroupShape:
     by: dict[int, list[int]] = {}
     for i, g in enumerate(gpus):
         by.setdefault(topology.node_of(g), []).append(i)

@@ -18,7 +18,7 @@ import math
 import simpy
 
 from sim.engine import collectives as coll
-from sim.engine.algorithms import CommConfig, algorithm_pairs, choose
+from sim.engine.algorithms import CommConfig, algorithm_pairs, choose, group_shape
 from sim.engine.job import Block, TrainingJob
 from sim.engine.timeline import (
     BACKWARD,
@@ -333,11 +333,7 @@ class TrainingExecutor:
         return choice.label
 
     def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
-        topo = self.world.topology
-        by: dict[int, list[int]] = {}
-        for i, x in enumerate(group):
-            by.setdefault(topo.node_of(x), []).append(i)
-        return list(by.values())
+        return [list(r) for r in group_shape(self.world.topology, group).ranks_by_node]
 
     def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
         """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival."""

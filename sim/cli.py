@@ -278,6 +278,13 @@ def _main(argv: list[str] | None = None) -> int:
         print("dtsim: error: out of memory; make the scenario smaller (fewer GPUs, micro-batches, steps)",
               file=sys.stderr)
         return 2
+    except Exception as e:  # a bug in dtsim: one line for the user, the traceback on request
+        if os.environ.get("DTSIM_TRACEBACK"):
+            raise
+        msg = str(e).splitlines()[0][:200] if str(e) else ""
+        print(f"dtsim: internal error: {type(e).__name__}: {msg} — a bug in dtsim, please report it with the "
+              "command; DTSIM_TRACEBACK=1 shows where", file=sys.stderr)
+        return 1
 
 
 def _silence_stdout() -> None:

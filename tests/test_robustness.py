@@ -332,3 +332,19 @@ def test_plan_at_huge_gpu_counts_is_quick_and_does_not_say_try_more(tmp_path, ca
         err = capsys.readouterr().err
         assert time.perf_counter() - t0 < 20
         assert "try more GPUs" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_internal_error_is_one_line_and_the_traceback_is_on_request(monkeypatch, capsys) -> None:
+    import sim.cli as cli
+
+    def boom(args):
+        raise RuntimeError("unexpected state\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_run", boom)  # build_parser binds `run` to cmd_run when main calls it
+    monkeypatch.delenv("DTSIM_TRACEBACK", raising=False)
+    assert cli.main(["run", SEED]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: unexpected state" in err
+    monkeypatch.setenv("DTSIM_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        cli.main(["run", SEED])

@@ -247,7 +247,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     ks = KERNEL_SETS[tr.kernels]
     act_dtype = "bf16" if dtype == "fp8" else dtype
     ebytes = DTYPE_BYTES[act_dtype]
-    gbytes = _main_grad_bytes(dtype, ks)
+    gbytes = main_grad_bytes(dtype, ks)
     moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
     # Context parallelism: each GPU works on seq/cp tokens of every sequence (sim.parallel.context).
     cp, seq = par.cp, m.seq_len // par.cp
@@ -262,7 +262,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     host = ks.host_dispatch_us * 1e-6
     fwd = _blocks(cost, lo.forward, host_s=host)
     bwd = _blocks(cost, lo.backward_input, host_s=host)
-    wgt = _weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
+    wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
@@ -327,7 +327,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
             works.append(LayerWork("head", _blocks(cost, head.forward, host_s=host),
                                    _blocks(cost, head.backward_input, host_s=host),
-                                   _weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
+                                   weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
                                    activation_bytes=logits_act))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
@@ -370,7 +370,8 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
     held = max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True))
     _, unscale = _optimizer_block(cost, scenario, held)
-    opt_block, clip = _megatron_optimizer(cost, scenario, held, gbytes)
+    opt_block, clip = megatron_optimizer(cost, precision=dtype, optimizer=tr.optimizer, params_per_gpu=held,
+                                         data=par.data, zero=par.zero, gbytes=gbytes)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.clip = clip if tr.grad_clip is not None else None
@@ -406,7 +407,7 @@ def _compute_time_s(job: TrainingJob) -> float:
     return per_mb * job.microbatches + step
 
 
-def _main_grad_bytes(precision: str, ks: KernelSet) -> int:
+def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
     fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
     if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):
@@ -425,7 +426,7 @@ def _accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, 
     return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
 
 
-def _weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
+def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
                    ebytes: int) -> tuple[Block, ...]:
     """Weight-gradient GEMMs and their accumulation into main_grad. With gradient-accumulation fusion the
     GEMM reads and writes its fp32 output (β = 1) instead of writing a 16-bit one."""
@@ -438,15 +439,16 @@ def _weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: K
             + _accumulate_block(cost, params, gbytes, ebytes, ks))
 
 
-def _megatron_optimizer(cost: CostModel, scenario, params_per_gpu: float, gbytes: int) -> tuple[Block, Block]:
-    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts above)."""
-    par, tr = scenario.parallel, scenario.training
-    mixed = tr.precision not in ("fp32", "tf32")
-    shard = params_per_gpu / (par.data if par.zero >= 1 else 1)
-    grads = params_per_gpu / (par.data if par.zero >= 2 else 1)
-    if tr.optimizer == "sgd" or not mixed:
-        opt_ops = [elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
-            ("sgd" if tr.optimizer == "sgd" else "adam", mixed)], "fp32")]
+def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, params_per_gpu: float, data: int,
+                       zero: int, gbytes: int) -> tuple[Block, Block]:
+    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts
+    above). The planner's screen prices the step with this too."""
+    mixed = precision not in ("fp32", "tf32")
+    shard = params_per_gpu / (data if zero >= 1 else 1)
+    grads = params_per_gpu / (data if zero >= 2 else 1)
+    if optimizer == "sgd" or not mixed:
+        opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
+            ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]
     else:
         opt_ops = [elementwise("fused adam", shard * 28, "fp32"),
                    elementwise("copy params to 16-bit", shard * 6, "fp32"),

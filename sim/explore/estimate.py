@@ -23,7 +23,7 @@ from sim.build import OPTIMIZER_BYTES_PER_PARAM, cost_model_for, topology_for
 from sim.parallel.layout import partition_layers, stage_layers_for
 from sim.units import DTYPE_BYTES, MB
 from sim.workload import transformer as tf
-from sim.workload.ops import ATTENTION, elementwise
+from sim.workload.ops import elementwise
 
 
 @dataclass(frozen=True, order=True)
@@ -173,7 +173,7 @@ class Estimator:
                 + sum(price(op) for op in ops.backward_weight)
             )
 
-        attention = sum(price(op) for s in lo.forward for op in s.ops if op.kind == ATTENTION)
+        attention = sum(price(op) for s in lo.forward for op in s.ops if tf.is_attention_core(op))
         emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         return _LayerTimes(

@@ -242,3 +242,28 @@ def test_small_kernels_are_bound_by_host_dispatch() -> None:
     assert _ops_time_s(cost, tiny, 6e-6) == pytest.approx(10 * 6e-6, rel=1e-12)
     big = [elementwise("big", 1e9, "bf16")]
     assert _ops_time_s(cost, big, 6e-6) == pytest.approx(cost.op_time_s(big[0]), rel=1e-12)
+
+
+def test_deepspeed_pipeline_all_reduces_fp32_grads_under_zero1_and_partitions_p2p() -> None:
+    """DeepSpeed's pipeline engine with bf16 and ZeRO-1 all-reduces the full fp32 gradients (Megatron's
+    distributed optimizer reduce-scatters them), then all-gathers the 16-bit parameters; its p2p sends
+    1/t of each activation per TP rank and all-gathers it on arrival."""
+
+    def dp_ops(kernels: str) -> dict[str, float]:
+        sc = _megatron(training__kernels=kernels, parallel__zero=1, training__precision="bf16")
+        ops: dict[str, float] = {}
+        for s in simulate(sc).timeline.spans:
+            if s.gpu == 0 and s.category == COMM_DP:
+                ops[s.args["op"]] = ops.get(s.args["op"], 0.0) + s.args["bytes"]
+        return ops
+
+    sc = _megatron(training__kernels="megatron-deepspeed-2022", parallel__zero=1, training__precision="bf16")
+    job, info = build_job(sc, cost_model_for(sc))
+    grads = sum(lw.grad_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(0, c).layers)
+    ds, mg = dp_ops("megatron-deepspeed-2022"), dp_ops("megatron-lm-2021")
+    assert ds["all_reduce"] == pytest.approx(grads) and "reduce_scatter" not in ds
+    assert mg["reduce_scatter"] == pytest.approx(grads) and "all_reduce" not in mg
+    assert ds["all_gather"] == pytest.approx(mg["all_gather"])  # the same parameter gather after the step
+    activation = sc.training.micro_batch * sc.model.seq_len * sc.model.hidden * 2
+    assert job.chunks[0].send_bytes == pytest.approx(activation / 2)
+    assert job.gather_bytes == pytest.approx(activation)

@@ -609,7 +609,8 @@ class TrainingExecutor:
         self._waiting.pop(g, None)
 
     def _grad_op(self) -> str:
-        return "reduce_scatter" if self.job.zero in (1, 2) else "all_reduce"
+        job = self.job
+        return "reduce_scatter" if job.zero in (1, 2) and not job.grad_all_reduce else "all_reduce"
 
     @staticmethod
     def _last_grad_actions(actions: list[Action]) -> set[int]:

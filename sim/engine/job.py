@@ -72,6 +72,7 @@ class TrainingJob:
     embedding_sync_bytes: float = 0.0  # tied embeddings across stages: first↔last stage gradient all-reduce
     data: Block | None = None  # loading a micro-batch (first virtual stage, before its forward)
     blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
+    grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed pipe + bf16)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     comm_slowdown: float = 0.0  # compute runs 1/(1+x) slower while this GPU's overlapped comm is active
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism

@@ -24,7 +24,12 @@ Sources (public code, read at the period named):
   accumulates straight into ``main_grad``); attention, softmax, dropout and the DP all-reduce as in 2021.
 - megatron-deepspeed-2022: microsoft/Megatron-DeepSpeed of 2022 (Megatron-LM 2021 model code under
   DeepSpeed's engine): the 2021 kernels; gradients accumulated in fp32 by DeepSpeed's bf16 optimizer
-  and reduced after the backward pass.
+  and reduced after the backward pass. DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py)
+  partitions the activations and gradients it sends between stages over the tensor-parallel group
+  (``is_pipe_partitioned = is_grad_partitioned = is_model_parallel``; the receiver rebuilds them with
+  ``PartitionedTensor.full()``, an all-gather), and with bf16 its ``_exec_reduce_grads`` calls
+  ``_bf16_reduce_grads`` → ``buffered_allreduce_fallback``: a full all-reduce of the fp32 gradients
+  even under ZeRO-1 (the optimizer then updates its 1/d shard and all-gathers the parameters).
 - transformer-engine: Megatron-Core with NVIDIA Transformer Engine (2024-): fused attention (cuDNN /
   FlashAttention kernels), fused bias/activation/dropout/residual and norm kernels, wgrad GEMMs
   accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
@@ -50,6 +55,7 @@ class KernelSet:
     overlap_grad_reduce: bool  # default parallel.overlap_grad_sync
     blocking_p2p: bool  # pipeline sends complete before the sender computes on
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
+    zero1_grad_all_reduce: bool = False  # bf16 + ZeRO-1: gradients all-reduced in full, not reduce-scattered
     description: str = ""
     # Host time to dispatch one operator in PyTorch eager mode (Python, dispatcher, launch): a few µs to
     # ~10 µs (H. He, "Making Deep Learning Go Brrrr From First Principles", 2022, §Overhead). Kernels
@@ -77,7 +83,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
-            blocking_p2p=True, scatter_gather_p2p=False,
+            blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
         KernelSet(

@@ -107,7 +107,7 @@ class _Group:
         )
 
 
-_RESNET_BLOCKS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
+CNN_PRESETS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
 
 
 def _bottleneck_resnet(blocks: tuple[int, ...], image: int = 224, classes: int = 1000) -> list[GenericLayer]:
@@ -147,8 +147,8 @@ def cnn_preset(name: str) -> list[GenericLayer]:
     multiply-accumulates, i.e. ≈ 8.2 GFLOPs forward per image at 2 FLOPs per MAC (the "4.1 GFLOPs" often
     quoted counts MACs). Activations: conv and BN/ReLU outputs plus residual sums, at 16-bit.
     """
-    if name not in _RESNET_BLOCKS:
+    if name not in CNN_PRESETS:
         raise ScenarioError(
-            f"unknown CNN preset {name!r}; known: {', '.join(sorted(_RESNET_BLOCKS))}", field="model"
+            f"unknown CNN preset {name!r}; known: {', '.join(sorted(CNN_PRESETS))}", field="model"
         )
-    return _bottleneck_resnet(_RESNET_BLOCKS[name])
+    return _bottleneck_resnet(CNN_PRESETS[name])

@@ -347,6 +347,10 @@ class LayerSpec(_Strict):
         None, ge=1, description="for a linear layer: input width (with out_features, GEMMs get real shapes)"
     )
     out_features: int | None = Field(None, ge=1, description="for a linear layer: output width")
+    input_bytes: float | None = Field(
+        None, ge=0, le=MAX_BYTES, description="the layer's input bytes per sample at 16-bit: what full "
+        "checkpointing keeps; default 2·in_features for a linear layer, else activation_bytes (no saving)"
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> LayerSpec:

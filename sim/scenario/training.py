@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
 from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
+from sim.workload.transformer import CHECKPOINTING_KINDS
 
 
 class LossScaling(_Strict):
@@ -54,7 +55,9 @@ class LossScaling(_Strict):
 class Checkpointing(_Strict):
     """Activation checkpointing: none, selective (attention only) or full in blocks of ``every`` layers."""
 
-    kind: Literal["none", "full", "selective"] = Field("none", description="what to recompute in backward")
+    kind: Literal[CHECKPOINTING_KINDS] = Field(  # type: ignore[valid-type]
+        "none", description="what to recompute in backward"
+    )
     every: int = Field(
         1,
         ge=1,
@@ -132,7 +135,7 @@ class Training(_Strict):
     @field_validator(
         "checkpointing",
         mode="before",
-        json_schema_input_type=Literal["none", "full", "selective"] | Checkpointing,
+        json_schema_input_type=Literal[CHECKPOINTING_KINDS] | Checkpointing,  # type: ignore[valid-type]
     )
     @classmethod
     def _checkpointing(cls, value: Any) -> Any:

@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
 
+from calibrate.cores import usable_cores  # also imported from here by cli and metadata
 from calibrate.progress import progress_bar
 from calibrate.timing import import_torch
 
@@ -43,14 +44,6 @@ def torchrun_env() -> tuple[int, int] | None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not os.environ.get(WORKER_ENV):
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (the affinity mask, which containers narrow), else the CPU count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def cpu_threads_per_device(world: int) -> int:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol, TypeVar
 
 from calibrate.config import TimingConfig
+from calibrate.cores import usable_cores
 
 CARVE_ALIGN_BYTES = 64  # operands carved from a pool are aligned as torch's CPU allocator aligns tensors
 _POOLS: dict = {}  # (dtype, "in" | "out") -> flat CPU tensor that operand sets are carved from
@@ -137,8 +138,6 @@ def _cpu_share_floor(cfg: TimingConfig, workers: int) -> float:
     """The least share of a CPU sample's wall time the calling thread may run before the sample counts as
     disturbed: ``cfg.cpu_share_min`` of what it is entitled to (less when the workers' threads
     oversubscribe the cores, as with more workers than cores)."""
-    from calibrate.launch import usable_cores
-
     threads = import_torch().get_num_threads()
     return cfg.cpu_share_min * min(1.0, usable_cores() / max(1, workers * threads))
 

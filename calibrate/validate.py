@@ -23,6 +23,9 @@ The minimum would compare the luckiest step with a typical one, and a mean would
 another process move the result; the median ignores a few such steps, and the table shows the min–max
 spread and how many cores other processes used meanwhile (launch.HostLoad), so a run made on a busy
 machine can be told apart from a modelling error.
+
+Modules: ``validate_jobs`` (the job specs and their scenarios), ``validate_worker`` (the torch workers),
+this one (the command: arguments, repeated measurement, verdicts, the table).
 """
 
 from __future__ import annotations
@@ -31,27 +34,22 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from calibrate.argtypes import Parser, parse, positive_int
-from calibrate.launch import (
-    PROGRESS_TAG,
-    READY_TAG,
-    WORKER_FLAG,
-    CalibrationError,
-    HostLoad,
-    cpu_threads_per_device,
-    init_distributed,
-    run_workers,
-    worker_entry,
-)
+from calibrate.launch import CalibrationError, HostLoad, cpu_threads_per_device
+from calibrate.profile import load_profile, write_json_atomic
 from calibrate.timing import import_torch
+from calibrate.validate_jobs import JOBS, ValidationJob, jobs_for, scenario_for, simulate_job
+from calibrate.validate_worker import run_real
 from sim.errors import ScenarioError
+from sim.outputs.resultdir import check_output_file
+
+__all__ = ["JOBS", "ValidationJob", "jobs_for", "main", "noise_band", "run_real", "scenario_for", "simulate_job",
+           "verdict"]
 
 PROG = "dtsim validate"
-JOBS = ("single", "ddp", "pipeline")
 # Allowed |simulated − measured| / measured. On CPU the workers share memory bandwidth, caches and cores;
 # the calibration measures that now (calibrate.kernels: every device's worker at once), and on the 2-core
 # EPYC VM with the shipped profile ddp comes within 2–9% and pipeline within 11–12% (three runs; the
@@ -71,285 +69,6 @@ BUSY_CORES = 0.1  # other processes using this many cores on average during a jo
 NOISE_MAX = 0.10
 MAX_TRIES = 3
 LOAD_PROBE_S = 1.0
-DDP_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, and the scenario's parallel.bucket_MB
-# On CPU, glibc returns large freed blocks to the OS, so every step page-faults fresh activation and
-# gradient buffers (a cost GPUs, with the CUDA caching allocator, do not pay and dtsim does not model).
-# These keep freed memory for reuse, as a caching allocator would.
-CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
-
-
-@dataclass(frozen=True)
-class ValidationJob:
-    """One real-vs-simulated comparison; the same numbers build the torch job and the scenario."""
-
-    name: str
-    dp: int
-    pp: int
-    widths: tuple[int, ...]
-    micro_batch: int
-    microbatches: int  # per replica per step
-    dtype: str  # fp32 | tf32
-    steps: int
-    warmup: int
-    replicas: int = 1  # independent copies run at once (single on CPU: the profile's loaded machine)
-
-    @property
-    def world(self) -> int:
-        """Devices of one copy of the job (what the simulator runs)."""
-        return self.dp * self.pp
-
-    @property
-    def processes(self) -> int:
-        """Worker processes of the real run: every copy's devices."""
-        return self.world * self.replicas
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.microbatches * self.dp
-
-
-def jobs_for(
-    device: str,
-    world: int,
-    quick: bool,
-    steps: int | None,
-    only: tuple[str, ...],
-    widths: tuple[int, ...] | None = None,
-    micro_batch: int | None = None,
-) -> list[ValidationJob]:
-    """The jobs to run. Default sizes per device: CPU small, GPU large enough to be compute-bound.
-    The pipeline job splits the same batch into 4 micro-batches; ddp and pipeline need 2 devices. On CPU
-    the single job runs ``world`` copies at once (a CPU profile describes one device of a fully loaded
-    machine; GPUs do not share, so there it runs alone)."""
-    if device == "cuda":
-        default = ((4096,) * 5, 1024, "tf32") if quick else ((8192,) * 9, 2048, "tf32")
-    else:
-        default = ((1024,) * 5, 64, "fp32") if quick else ((2048,) * 5, 128, "fp32")
-    w, mb, dtype = widths or default[0], micro_batch or default[1], default[2]
-    n = steps or (5 if quick else 10)
-    warm = 2 if quick else 3
-    jobs = {
-        "single": ValidationJob("single", 1, 1, w, mb, 1, dtype, n, warm, world if device == "cpu" else 1),
-        "ddp": ValidationJob("ddp", world, 1, w, mb, 1, dtype, n, warm),
-        "pipeline": ValidationJob("pipeline", 1, 2, w, max(1, mb // 4), 4, dtype, n, warm),
-    }
-    runnable = {name for name, job in jobs.items() if name == "single" or 2 <= job.world <= world}
-    return [jobs[name] for name in only if name in runnable]
-
-
-# --------------------------------------------------------------------------------------------- simulated
-
-
-def scenario_for(job: ValidationJob, profile: dict, profile_path: str) -> dict:
-    """The scenario mapping of ``job`` on the profiled device (hardware figures from the profile).
-
-    On a CPU whose cores all run a compute thread, gloo's communication threads have no core of their
-    own, so the all-reduce cannot overlap the backward pass; the scenario then sets overlap_grad_sync off.
-    """
-    fits, md, run = profile["fits"], profile["metadata"], profile["run"]
-    gpu = {
-        "name": f"profiled-{run.get('device')}",
-        "peak_tflops": {dtype: t["max_flops_per_s"] / 1e12 for dtype, t in fits.get("gemm", {}).items()}
-        or {"fp32": 1.0},
-        "memory_GB": (md.get("gpu_memory_bytes") or 64e9) / 1e9,
-        "memory_bandwidth_GBps": (fits.get("memory") or {}).get("max_bytes_per_s", 100e9) / 1e9,
-        "kernel_launch_us": 0.0,  # measured times already include launch costs
-    }
-    cluster: dict = {"nodes": 1, "gpus_per_node": job.world, "gpu": gpu}
-    links = [f for f in fits.get("collectives", []) if f["op"] == "all_reduce" and f.get("bandwidth_Bps")]
-    if links:
-        link = links[0]
-        cluster["intra_node"] = {
-            "name": "profiled",
-            "bandwidth_GBps": link["bandwidth_Bps"] / 1e9,
-            "latency_us": link["alpha_s"] * 1e6,
-        }
-    threads = run.get("threads_per_device") or 1
-    cores_busy = run.get("device") == "cpu" and threads * job.processes >= (
-        md.get("usable_cores") or md.get("cpu_count") or 1
-    )
-    widths = zip(job.widths[:-1], job.widths[1:], strict=True)
-    layers = [
-        {
-            "name": f"fc{i}",
-            "params": a * b + b,
-            "forward_flops": 2.0 * a * b,
-            "activation_bytes": 2.0 * (a + b),
-            "in_features": a,
-            "out_features": b,
-        }
-        for i, (a, b) in enumerate(widths)
-    ]
-    parallel = {
-        "data": job.dp,
-        "tensor": 1,
-        "pipeline": job.pp,
-        "schedule": "1f1b",
-        "bucket_MB": DDP_BUCKET_MB,
-    }
-    training = {"global_batch": job.global_batch, "micro_batch": job.micro_batch, "precision": job.dtype}
-    return {
-        "name": f"validate-{job.name}",
-        "cluster": cluster,
-        "model": {"kind": "layers", "layers": layers},
-        "parallel": {**parallel, "overlap_grad_sync": not cores_busy},
-        "training": {**training, "optimizer": "adam"},
-        "calibration": profile_path,
-    }
-
-
-def simulate_job(job: ValidationJob, profile: dict, profile_path: str) -> tuple[dict, dict]:
-    """(scenario, summary) of the simulated job."""
-    from sim.api import run_scenario_dict
-
-    scenario = scenario_for(job, profile, profile_path)
-    return scenario, run_scenario_dict(scenario, calibration=profile_path)
-
-
-# --------------------------------------------------------------------------------------------- real (torch)
-
-
-def _adam(params):
-    """Fused Adam (one pass over the states), which the simulator's optimizer-bytes model describes;
-    torch's default multi-tensor Adam makes several passes."""
-    torch = import_torch()
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=1e-4, fused=True)
-    except (RuntimeError, TypeError):  # an older torch without fused Adam on this device
-        return torch.optim.Adam(params, lr=1e-4)
-
-
-def _train_step_fn(job: ValidationJob, rank: int, device) -> Callable[[], None]:
-    """Build this rank's part of the job and return one training step as a callable."""
-    torch = import_torch()
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from sim.parallel.layout import partition_layers
-    from sim.schedules.actions import build_schedule
-
-    torch.manual_seed(0)
-    linears = [torch.nn.Linear(a, b) for a, b in zip(job.widths[:-1], job.widths[1:], strict=True)]
-    gen = torch.Generator().manual_seed(rank + 1)
-    mb = job.micro_batch
-
-    def batch(width: int):
-        return torch.randn(mb, width, generator=gen).to(device)
-
-    if job.pp == 1:
-        model = torch.nn.Sequential(*linears).to(device)
-        if job.dp > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [device.index] if device.type == "cuda" else None
-            model = DDP(model, device_ids=ids, bucket_cap_mb=DDP_BUCKET_MB, gradient_as_bucket_view=True)
-        opt = _adam(model.parameters())
-        x, y = batch(job.widths[0]).requires_grad_(True), batch(job.widths[-1])
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            x.grad = None  # the input gradient is written, not accumulated, as in the simulated dgrad
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-
-        return step
-
-    stage = rank  # pipeline jobs run one copy (replicas only for single)
-    ids = partition_layers(len(linears), job.pp)[stage]
-    module = torch.nn.Sequential(*[linears[i] for i in ids]).to(device)
-    opt = _adam(module.parameters())
-    actions = build_schedule("1f1b", job.pp, job.microbatches)[stage]
-    first, last = stage == 0, stage == job.pp - 1
-    w_in, w_out = job.widths[ids[0]], job.widths[ids[-1] + 1]
-    xs = [batch(w_in).requires_grad_(True) for _ in range(job.microbatches)] if first else []
-    ys = [batch(w_out) for _ in range(job.microbatches)] if last else []
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        for x in xs:
-            x.grad = None
-        saved, pending = {}, []
-        for act in actions:
-            i = act.microbatch
-            if act.kind == "F":
-                if first:
-                    inp = xs[i]
-                else:
-                    inp = torch.empty(mb, w_in, device=device)
-                    dist.recv(inp, src=stage - 1)
-                    inp.requires_grad_(True)
-                out = module(inp)
-                if last:
-                    saved[i] = (inp, F.mse_loss(out, ys[i]) / job.microbatches)
-                else:
-                    saved[i] = (inp, out)
-                    sent = out.detach()
-                    pending.append((dist.isend(sent, dst=stage + 1), sent))
-            else:  # "B": input gradient and weight gradient together
-                inp, out = saved.pop(i)
-                if last:
-                    out.backward()
-                else:
-                    grad = torch.empty_like(out)
-                    dist.recv(grad, src=stage + 1)
-                    out.backward(grad)
-                if not first:
-                    pending.append((dist.isend(inp.grad, dst=stage - 1), inp.grad))
-        for work, _ in pending:
-            work.wait()
-        opt.step()
-
-    return step
-
-
-def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
-    """One rank of a real job: warm-up steps, then timed steps (slowest rank per step)."""
-    torch = import_torch()
-    import torch.distributed as dist
-
-    spec = ValidationJob(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["job"].items()})
-    torch.set_float32_matmul_precision("high" if spec.dtype == "tf32" else "highest")
-    rank, world, device, _ = init_distributed(job["device"], job["stall_timeout_s"] + 30)
-    try:
-        step = _train_step_fn(spec, rank, device)
-        total = spec.warmup + spec.steps
-        emit(f"{READY_TAG} {total}")
-        times = []
-        for s in range(total):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if s >= spec.warmup:
-                times.append(time.perf_counter() - t0)
-            emit(f"{PROGRESS_TAG} {s + 1} {total} {spec.name} step {s + 1}")
-        worst = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        dist.barrier()
-        return {"step_times_s": worst.cpu().tolist()} if rank == 0 else None
-    finally:
-        dist.destroy_process_group()
-
-
-def run_real(job: ValidationJob, device: str, threads: int | None, timeout_s: float) -> dict:
-    """Run ``job`` with torch on local workers (watched: a dead or hung worker is an error, not a hang)."""
-    payload = {"device": device, "job": asdict(job), "stall_timeout_s": timeout_s, "threads": threads}
-    return run_workers(
-        "calibrate.validate",
-        payload,
-        job.processes,
-        desc=f"validate {job.name}",
-        startup_timeout_s=180.0,
-        stall_timeout_s=timeout_s,
-        env=CPU_ALLOCATOR_ENV if device == "cpu" else None,
-    )
-
-
-# --------------------------------------------------------------------------------------------- command
 
 
 def _fraction(value: str) -> float:
@@ -418,8 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
-    from calibrate.profile import load_profile
-
     profile = load_profile(args.profile, field="--profile")
     measured_on = profile["run"].get("device")
     device = args.device or measured_on
@@ -430,8 +147,6 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
             field="--device",
         )
     out = args.out or Path("results") / "validate" / args.profile.stem
-    from sim.outputs.resultdir import check_output_file
-
     check_output_file(out / "validate.json", "--out", (".json",))  # before torch and the measurements
     torch = import_torch()
     if device == "cuda" and not torch.cuda.is_available():
@@ -609,14 +324,6 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": rows,
         "skipped": skipped,
     }
-    from calibrate.profile import write_json_atomic
-
     path = write_json_atomic(result, out / "validate.json")
     print(f"results: {path}")
     return 0 if rows and all(r["passed"] for r in rows) else 1  # noisy is not a pass: it gates nothing
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == WORKER_FLAG:
-        worker_entry(_worker_run, sys.argv[2])
-    sys.exit(main())

@@ -462,7 +462,7 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
 
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------
 def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    from sim.workload.layers import generic_layer_ops
+    from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     b, dtype = tr.micro_batch, tr.precision
@@ -483,8 +483,8 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
             wgt = _op_block(cost, "wgrad", lo.backward_weight)
             recompute = fwd if ck.kind == "full" else ()
             single += sum(x.dur_s for x in fwd + bwd + wgt + recompute)
-            # Full checkpointing keeps one layer input in `every` (the seeds' C · M_layer).
-            kept = sp_.activation_bytes * b / every
+            # Full checkpointing keeps one layer input in `every`; without it the layer keeps its activations.
+            kept = (checkpoint_bytes(sp_) * b / every) if ck.kind == "full" else sp_.activation_bytes * b
             works.append(LayerWork(sp_.name, fwd, bwd, wgt, recompute, grad_bytes=sp_.params * gbytes,
                                    param_bytes=sp_.params * ebytes, activation_bytes=kept))
         last = specs[ids[-1]] if ids else None

@@ -10,21 +10,14 @@ import math
 from dataclasses import asdict, dataclass
 
 from sim.errors import ScenarioError
+from sim.schedules.actions import max_in_flight, stage_actions
 from sim.units import DTYPE_BYTES, GB
+from sim.workload.transformer import CHECKPOINTING_KINDS
 
 MIXED_PRECISIONS = ("fp16", "bf16", "fp8")
 FULL_PRECISIONS = ("fp32", "tf32")
 OPTIMIZERS = ("adam", "adamw", "sgd")
-CHECKPOINTING = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
-_SCHEDULE_ALIASES = {
-    "one-f-one-b": "1f1b",
-    "interleaved-1f1b": "interleaved",
-    "zbh1": "zb-h1",
-    "zbh2": "zb-h2",
-    "zero-bubble-h1": "zb-h1",
-    "zero-bubble-h2": "zb-h2",
-}
+CHECKPOINTING = CHECKPOINTING_KINDS
 
 _FP32 = 4
 _HALF = 2
@@ -55,9 +48,9 @@ def model_state_bytes(
     an fp32 ``main_grad`` buffer: 4).
     """
     if zero_stage not in (0, 1, 2, 3):
-        raise ScenarioError(f"must be 0, 1, 2 or 3, got {zero_stage}", field="training.zero_stage")
+        raise ScenarioError(f"must be 0, 1, 2 or 3, got {zero_stage}", field="parallel.zero")
     if dp < 1:
-        raise ScenarioError(f"must be >= 1, got {dp}", field="parallel.dp")
+        raise ScenarioError(f"must be >= 1, got {dp}", field="parallel.data")
     if precision not in MIXED_PRECISIONS + FULL_PRECISIONS:
         raise ScenarioError(
             f"{precision!r} is not one of {', '.join(MIXED_PRECISIONS + FULL_PRECISIONS)}",
@@ -139,7 +132,7 @@ def activation_bytes_per_stage(
         return layers_on_stage * per_layer_bytes * in_flight_microbatches
     k = 1 if every_k is None else every_k
     if k < 1:
-        raise ScenarioError(f"must be >= 1, got {every_k}", field="training.checkpoint_every_k")
+        raise ScenarioError(f"must be >= 1, got {every_k}", field="training.checkpointing.every")
     k = min(k, layers_on_stage) if layers_on_stage else k
     checkpoints = math.ceil(layers_on_stage / k)
     ckpt = per_layer_bytes if checkpoint_bytes is None else checkpoint_bytes
@@ -148,37 +141,21 @@ def activation_bytes_per_stage(
     return stored + recompute
 
 
-def _schedule_name(schedule: str) -> str:
-    key = schedule.lower().replace("_", "-")
-    key = _SCHEDULE_ALIASES.get(key, key)
-    if key not in SCHEDULES:
-        raise ScenarioError(f"{schedule!r} is not one of {', '.join(SCHEDULES)}", field="parallel.schedule")
-    return key
-
-
 def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations a stage holds at its peak, in units of the stage's full layer set.
 
-    GPipe: m. 1F1B and ZB-H1: min(m, p − stage). ZB-H2: min(m, 2(p − stage) − 1), i.e. 2p − 1 on the
-    first stage. Interleaved (Megatron, v chunks): the stage holds min(v·m, 2(p − stage − 1) + (v − 1)p + 1)
-    chunk-micro-batches of 1/v of its layers each, which on the first stage is p(1 + (p − 1)/(p·v)).
+    Counted from the stage's actions (``sim.schedules``): the most chunks whose forward ran and whose
+    backward did not, over v chunks per stage. The closed forms it agrees with (tests/test_memory.py):
+    GPipe m; 1F1B and ZB-H1 min(m, p − stage); ZB-H2 min(m, 2(p − stage) − 1); interleaved (Megatron,
+    v chunks) min(v·m, 2(p − stage − 1) + (v − 1)p + 1) chunk-micro-batches of 1/v of the layers each.
     """
     if p < 1 or m < 1 or virtual_stages < 1:
         raise ScenarioError(
             f"need p, m, virtual_stages >= 1, got {p}, {m}, {virtual_stages}", field="parallel"
         )
     if not 0 <= stage < p:
-        raise ScenarioError(f"stage {stage} is outside 0..{p - 1}", field="parallel.pp")
-    kind = _schedule_name(schedule)
-    if kind == "gpipe":
-        return float(m)
-    if kind in ("1f1b", "zb-h1") or (kind == "interleaved" and virtual_stages == 1):
-        return float(min(m, p - stage))
-    if kind == "zb-h2":
-        return float(min(m, 2 * (p - stage) - 1))
-    v = virtual_stages
-    chunks = min(v * m, 2 * (p - stage - 1) + (v - 1) * p + 1)
-    return chunks / v
+        raise ScenarioError(f"stage {stage} is outside 0..{p - 1}", field="parallel.pipeline")
+    return max_in_flight(stage_actions(schedule, p, m, stage, virtual_stages)) / virtual_stages
 
 
 @dataclass(frozen=True)

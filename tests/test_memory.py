@@ -14,6 +14,8 @@ from sim.memory import (
     model_state_bytes,
     suggest_fixes,
 )
+from sim.schedules import actions
+from sim.schedules.actions import Action, build_schedule, max_in_flight, one_f_one_b
 
 GB = 1e9
 MB = 1e6
@@ -150,28 +152,67 @@ def test_selective_stage_is_layers_times_microbatches():
 # ---------------------------------------------------------------------------------- in-flight schedules
 
 
-def test_in_flight_gpipe_and_1f1b():
-    p, m = 4, 8
-    assert in_flight_microbatches("gpipe", p, m, 0) == m
-    assert [in_flight_microbatches("1f1b", p, m, s) for s in range(p)] == [4, 3, 2, 1]
-    assert in_flight_microbatches("1f1b", p, 2, 0) == 2  # fewer micro-batches than stages
-    assert [in_flight_microbatches("zb-h1", p, m, s) for s in range(p)] == [4, 3, 2, 1]
+def _closed_form(schedule: str, p: int, m: int, s: int, v: int) -> float:
+    """Published peak in-flight counts, written independently of the action lists."""
+    if schedule == "gpipe":
+        return m  # GPipe (Huang et al. 2019): every forward before any backward
+    if schedule in ("1f1b", "zb-h1") or (schedule == "interleaved-1f1b" and v == 1):
+        return min(m, p - s)  # PipeDream-Flush (Narayanan et al. 2021): p - s warm-up + steady state
+    if schedule == "zb-h2":
+        return min(m, 2 * (p - s) - 1)  # Qi et al. 2023, §3.1
+    # Megatron-LM's interleaved schedule: (p - s - 1)·2 + (v - 1)·p warm-up forwards, then one more
+    # before the first backward, of chunks holding 1/v of the stage's layers.
+    return min(v * m, 2 * (p - s - 1) + (v - 1) * p + 1) / v
 
 
-@pytest.mark.parametrize(("p", "v"), [(4, 2), (8, 4), (16, 3)])
-def test_in_flight_interleaved_first_stage_megatron(p, v):
-    m = 4 * p
-    assert in_flight_microbatches("interleaved", p, m, 0, virtual_stages=v) == pytest.approx(
+_LAYOUTS = [(1, 1, 1), (2, 1, 1), (4, 8, 1), (4, 2, 1), (4, 8, 2), (8, 32, 4), (16, 48, 3), (3, 6, 2)]
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v"), [
+    (sched, p, m, v) for sched in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2") for p, m, v in _LAYOUTS
+    if (v == 1 or sched == "interleaved-1f1b") and (m % p == 0 or sched != "interleaved-1f1b")  # as the schema
+])
+def test_in_flight_from_actions_matches_closed_forms(schedule, p, m, v):
+    got = [in_flight_microbatches(schedule, p, m, s, virtual_stages=v) for s in range(p)]
+    assert got == pytest.approx([_closed_form(schedule, p, m, s, v) for s in range(p)])
+
+
+def test_interleaved_first_stage_megatron():
+    p, v = 8, 4
+    assert in_flight_microbatches("interleaved-1f1b", p, 4 * p, 0, virtual_stages=v) == pytest.approx(
         p * (1 + (p - 1) / (p * v))
     )
 
 
-def test_in_flight_zero_bubble_h2():
-    p = 4
-    assert in_flight_microbatches("zb-h2", p, 16, 0) == 2 * p - 1
-    assert in_flight_microbatches("zb_h2", p, 16, p - 1) == 1
-    with pytest.raises(ScenarioError):
-        in_flight_microbatches("chimera", p, 16, 0)
+def test_in_flight_follows_the_schedule_actions(monkeypatch):
+    """Memory counts what the schedule runs: a schedule holding one more micro-batch is caught."""
+    p, m = 4, 8
+    assert max_in_flight(one_f_one_b(p, m, 0)) == _closed_form("1f1b", p, m, 0, 1)
+    # One extra warm-up forward (a plausible off-by-one) holds p - s + 1: the closed form disagrees.
+    def too_eager(p_: int, m_: int, s: int, v: int) -> list[Action]:
+        acts = one_f_one_b(p_, m_, s)
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        moved = acts.pop(first_b + 1)  # the forward right after the first backward …
+        acts.insert(first_b, moved)  # … now runs before it
+        return acts
+
+    monkeypatch.setitem(actions.BUILDERS, "1f1b", too_eager)
+    assert [in_flight_microbatches("1f1b", p, m, s) for s in range(p - 1)] == [5, 4, 3]
+    assert in_flight_microbatches("1f1b", p, m, 0) != _closed_form("1f1b", p, m, 0, 1)
+
+
+def test_in_flight_rejects_unknown_schedules_and_stages():
+    with pytest.raises(ScenarioError, match="parallel.schedule"):
+        in_flight_microbatches("chimera", 4, 16, 0)
+    with pytest.raises(ScenarioError, match="parallel.schedule"):
+        in_flight_microbatches("interleaved", 4, 16, 0)  # the scenario's spelling only
+    with pytest.raises(ScenarioError, match="parallel.pipeline"):
+        in_flight_microbatches("1f1b", 4, 16, 4)
+
+
+def test_interleaved_with_one_chunk_runs_1f1b():
+    """Megatron-LM runs plain 1F1B when no virtual pipeline size is set."""
+    assert build_schedule("interleaved-1f1b", 4, 8, 1) == build_schedule("1f1b", 4, 8)
 
 
 # ---------------------------------------------------------------------------------------- breakdown

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from sim.scenario import (
     load_scenario,
     scenario_from_dict,
 )
+from sim.scenario import model as scenario_model
 from sim.scenario.load import StrictLoader
 from sim.scenario.schema import parse_size
 
@@ -70,13 +69,13 @@ class StubDims:
 
 @pytest.fixture
 def stub_presets(monkeypatch):
-    module = types.ModuleType("sim.workload.model_presets")
-    module.MODEL_PRESETS = {  # type: ignore[attr-defined]
+    presets = {
         "tiny-gpt": StubDims(layers=8, hidden=256, heads=8, ffn_hidden=1024, vocab=1000, seq_len=128),
         "tiny-llama": StubDims(4, 256, 8, 688, 1000, 256, kv_heads=2, mlp="swiglu"),
     }
-    monkeypatch.setitem(sys.modules, "sim.workload.model_presets", module)
-    return module.MODEL_PRESETS  # type: ignore[attr-defined]
+    monkeypatch.setattr(scenario_model, "MODEL_PRESETS", presets)
+    monkeypatch.setattr(scenario_model, "MOE_PRESETS", {})
+    return presets
 
 
 # ------------------------------------------------------------------------------------------ loading

@@ -1,13 +1,19 @@
-"""``dtsim plot RESULT_DIR``: rebuild the Timeline from timeline.csv + summary.json and redraw."""
+"""``dtsim plot RESULT_DIR``: rebuild the Timeline from timeline.csv, timeline_meta.json and summary.json and
+redraw (folders from before timeline_meta.json: labels and counters from trace.json)."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sim.engine.timeline import CounterSample, Span, Timeline
 from sim.errors import ScenarioError
+from sim.outputs.charts import draw_all
+from sim.outputs.timeline_meta import FILE, apply_timeline_meta, read_timeline_meta
 
 
 def load_result(result_dir: Path) -> tuple[Timeline, dict]:
@@ -31,23 +37,18 @@ def load_result(result_dir: Path) -> tuple[Timeline, dict]:
         ) from None
 
 
-def _tag(path: Path):
+@contextmanager
+def _tag(path: Path) -> Iterator[None]:
     """Context: an exception raised while reading ``path`` carries its name."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def ctx():
-        try:
-            yield
-        except Exception as exc:
-            if not hasattr(exc, "dtsim_file"):
-                try:
-                    exc.dtsim_file = str(path)  # type: ignore[attr-defined]
-                except AttributeError:
-                    pass
-            raise
-
-    return ctx()
+    try:
+        yield
+    except Exception as exc:
+        if not hasattr(exc, "dtsim_file"):
+            try:
+                exc.dtsim_file = str(path)  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+        raise
 
 
 def _load(result_dir: Path) -> tuple[Timeline, dict]:
@@ -71,13 +72,18 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
                 args["bytes"] = float(row["bytes"])
             tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"],
                                  float(row["start_s"]), float(row["dur_s"]), args))
+    meta_p = result_dir / FILE
+    with _tag(meta_p):
+        meta = read_timeline_meta(meta_p)
+        if meta is not None:
+            apply_timeline_meta(tl, meta)
+            return tl, summary
+    # A folder written before timeline_meta.json: labels and counters from the trace, stages from labels.
     if not trace_p.is_file() and trace_p.with_name("trace.json.gz").is_file():
         trace_p = trace_p.with_name("trace.json.gz")  # written with --trace-gz
     if trace_p.is_file():
         with _tag(trace_p):
             if trace_p.suffix == ".gz":
-                import gzip  # only for traces written with --trace-gz
-
                 trace = json.loads(gzip.decompress(trace_p.read_bytes()).decode("utf-8"))
             else:
                 trace = json.loads(trace_p.read_text(encoding="utf-8"))
@@ -109,7 +115,5 @@ def _counter_bytes(ev: dict) -> float:
 
 
 def replot(result_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    from sim.outputs.charts import draw_all
-
     tl, summary = load_result(result_dir)
     return draw_all(tl, summary, out_dir or result_dir)

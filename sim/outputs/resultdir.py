@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sim import __version__
 from sim.errors import ScenarioError
 
 MANIFEST = ".dtsim-result.json"
@@ -185,7 +186,7 @@ class ResultDir:
                 )
 
     def _lock(self) -> None:
-        import fcntl
+        import fcntl  # POSIX only: imported where the lock is taken, so the module loads everywhere
 
         parent = self.out.parent
         parent.mkdir(parents=True, exist_ok=True)
@@ -275,8 +276,6 @@ class ResultDir:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _write_manifest(self, staging: Path) -> None:
-        from sim import __version__
-
         files = {}
         for p in sorted(staging.rglob("*")):
             if p.is_file() and p.name != MANIFEST:

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from sim.outputs.timeline_meta import FILE as TIMELINE_META
+from sim.outputs.timeline_meta import timeline_meta_json
 from sim.outputs.writers import (
     atomic_text,
     atomic_write_text,
@@ -101,7 +103,8 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
     if trace and stale.is_file():
         stale.unlink()  # our own trace of an earlier run, in the other format: it would describe another run
     paths = []
-    for name, text in (("summary.json", summary_json(result.summary)), ("resolved.yaml", dump_resolved(result.scenario))):
+    for name, text in (("summary.json", summary_json(result.summary)), ("resolved.yaml", dump_resolved(result.scenario)),
+                       (TIMELINE_META, timeline_meta_json(timeline))):
         atomic_write_text(out_dir / name, text)
         paths.append(out_dir / name)
     big = [out_dir / "timeline.csv"] + ([out_dir / trace_name(trace_gz)] if trace else [])

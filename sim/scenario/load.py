@@ -8,7 +8,10 @@ duplicate keys rejected, and aliases limited so a "billion laughs" document cann
 from __future__ import annotations
 
 import copy
+import errno
+import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, get_origin
@@ -174,10 +177,6 @@ def read_capped(path: str | Path, limit: int, what: str, field: str, kind: str =
     The file is opened without blocking (a FIFO cannot hang the reader), must be a regular file by
     ``fstat`` of the open file (not /dev/zero, a device or a pipe), and is read with a hard cap, so a
     file that grows or lies about its size cannot exhaust memory."""
-    import errno
-    import os
-    import stat
-
     p = Path(path).expanduser()
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))

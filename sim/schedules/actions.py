@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from sim.errors import ScenarioError
@@ -110,23 +111,35 @@ def zero_bubble_h2(p: int, m: int, stage: int) -> list[Action]:
     return _deferred_w(m, min(2 * (p - stage) - 1, m), 2 * stage, backward_first=True)
 
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
-SPLIT_BACKWARD = {"zb-h1", "zb-h2"}
+def _interleaved(p: int, m: int, stage: int, v: int) -> list[Action]:
+    """Interleaved 1F1B with v chunks; with v = 1 Megatron-LM runs plain 1F1B (its schedules.py picks the
+    interleaved schedule only when a virtual pipeline size is set)."""
+    return interleaved_1f1b(p, m, stage, v) if v > 1 else one_f_one_b(p, m, stage)
+
+
+# Schedule name → builder of one stage's actions (p stages, m micro-batches, stage, v chunks per GPU).
+BUILDERS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+    "gpipe": lambda p, m, s, v: gpipe(p, m, s),
+    "1f1b": lambda p, m, s, v: one_f_one_b(p, m, s),
+    "interleaved-1f1b": _interleaved,
+    "zb-h1": lambda p, m, s, v: zero_bubble_h1(p, m, s),
+    "zb-h2": lambda p, m, s, v: zero_bubble_h2(p, m, s),
+}
+SCHEDULES = tuple(BUILDERS)
+SPLIT_BACKWARD = {"zb-h1", "zb-h2"}  # schedules whose backward is split into B (input) and W (weight)
+
+
+def stage_actions(name: str, p: int, m: int, stage: int, v: int = 1) -> list[Action]:
+    """The actions of one stage under schedule ``name``."""
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise ScenarioError(f"unknown schedule {name!r}; use one of {', '.join(SCHEDULES)}", "parallel.schedule")
+    return builder(p, m, stage, v)
 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """Per-stage action lists for schedule ``name``."""
-    if name == "gpipe":
-        return [gpipe(p, m, s) for s in range(p)]
-    if name == "1f1b":
-        return [one_f_one_b(p, m, s) for s in range(p)]
-    if name == "interleaved-1f1b":
-        return [interleaved_1f1b(p, m, s, v) for s in range(p)]
-    if name == "zb-h1":
-        return [zero_bubble_h1(p, m, s) for s in range(p)]
-    if name == "zb-h2":
-        return [zero_bubble_h2(p, m, s) for s in range(p)]
-    raise ScenarioError(f"unknown schedule {name!r}; use one of {', '.join(SCHEDULES)}", "parallel.schedule")
+    return [stage_actions(name, p, m, s, v) for s in range(p)]
 
 
 def max_in_flight(actions: list[Action]) -> int:

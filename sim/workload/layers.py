@@ -32,6 +32,20 @@ class GenericLayer:
     activation_bytes: float
     in_features: int | None = None  # a linear layer's shape, when known: GEMMs then carry (m, n, k)
     out_features: int | None = None
+    input_bytes: float | None = None  # the layer's input per sample at 16-bit: what full checkpointing keeps
+
+
+def checkpoint_bytes(layer: GenericLayer) -> float:
+    """Bytes per sample (16-bit) full checkpointing keeps for ``layer``: its input, from which forward reruns.
+
+    Given ``input_bytes``, else a linear layer's in_features elements; with neither the input is unknown and
+    the whole ``activation_bytes`` is the (conservative) checkpoint.
+    """
+    if layer.input_bytes is not None:
+        return layer.input_bytes
+    if layer.in_features is not None:
+        return float(_REFERENCE_ACT_BYTES * layer.in_features)
+    return layer.activation_bytes
 
 
 def generic_layer_ops(layer: GenericLayer, *, micro_batch: int, dtype: str) -> LayerOps:
@@ -43,7 +57,7 @@ def generic_layer_ops(layer: GenericLayer, *, micro_batch: int, dtype: str) -> L
     if micro_batch < 1:
         raise ScenarioError(f"must be >= 1, got {micro_batch}", field="training.micro_batch")
     if dtype not in DTYPE_BYTES:
-        raise ScenarioError(f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}", field="training.dtype")
+        raise ScenarioError(f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}", field="training.precision")
     e = DTYPE_BYTES[dtype]
     flops = layer.forward_flops * micro_batch
     weight_bytes = float(layer.params * e)
@@ -75,6 +89,7 @@ def mlp_layers(widths: list[int], name: str = "fc") -> list[GenericLayer]:
             params=w_in * w_out + w_out,
             forward_flops=_FLOPS_PER_MAC * w_in * w_out,
             activation_bytes=float(_REFERENCE_ACT_BYTES * (w_in + w_out)),
+            input_bytes=float(_REFERENCE_ACT_BYTES * w_in),
         )
         for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:], strict=True))
     ]
@@ -86,8 +101,9 @@ def mlp_layers(widths: list[int], name: str = "fc") -> list[GenericLayer]:
 class _Group:
     """Accumulates params, multiply-accumulates and kept activation elements of a group of convolutions."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, in_elems: int) -> None:
         self.name, self.params, self.macs, self.act_elems = name, 0, 0, 0
+        self.in_elems = in_elems  # the group's input tensor (what full checkpointing keeps)
 
     def conv(self, c_in: int, c_out: int, kernel: int, out_hw: int, bn: bool = True) -> None:
         self.params += kernel * kernel * c_in * c_out
@@ -104,14 +120,15 @@ class _Group:
             params=self.params,
             forward_flops=_FLOPS_PER_MAC * self.macs,
             activation_bytes=float(_REFERENCE_ACT_BYTES * self.act_elems),
+            input_bytes=float(_REFERENCE_ACT_BYTES * self.in_elems),
         )
 
 
-_RESNET_BLOCKS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
+CNN_PRESETS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
 
 
 def _bottleneck_resnet(blocks: tuple[int, ...], image: int = 224, classes: int = 1000) -> list[GenericLayer]:
-    stem = _Group("stem")
+    stem = _Group("stem", 3 * image * image)
     hw = image // 2
     stem.conv(3, 64, 7, hw)
     hw //= 2  # max-pool
@@ -120,7 +137,7 @@ def _bottleneck_resnet(blocks: tuple[int, ...], image: int = 224, classes: int =
     c_in = 64
     for stage, n_blocks in enumerate(blocks):
         width = 64 * 2**stage
-        g = _Group(f"layer{stage + 1}")
+        g = _Group(f"layer{stage + 1}", c_in * hw * hw)
         for i in range(n_blocks):
             stride = 2 if (i == 0 and stage > 0) else 1
             out_hw = hw // stride
@@ -132,7 +149,7 @@ def _bottleneck_resnet(blocks: tuple[int, ...], image: int = 224, classes: int =
             g.act_elems += 4 * width * out_hw * out_hw  # residual add + ReLU output
             c_in, hw = 4 * width, out_hw
         groups.append(g.layer())
-    head = _Group("fc")
+    head = _Group("fc", c_in)
     head.params = c_in * classes + classes
     head.macs = c_in * classes
     head.act_elems = c_in + classes
@@ -147,8 +164,8 @@ def cnn_preset(name: str) -> list[GenericLayer]:
     multiply-accumulates, i.e. ≈ 8.2 GFLOPs forward per image at 2 FLOPs per MAC (the "4.1 GFLOPs" often
     quoted counts MACs). Activations: conv and BN/ReLU outputs plus residual sums, at 16-bit.
     """
-    if name not in _RESNET_BLOCKS:
+    if name not in CNN_PRESETS:
         raise ScenarioError(
-            f"unknown CNN preset {name!r}; known: {', '.join(sorted(_RESNET_BLOCKS))}", field="model"
+            f"unknown CNN preset {name!r}; known: {', '.join(sorted(CNN_PRESETS))}", field="model"
         )
-    return _bottleneck_resnet(_RESNET_BLOCKS[name])
+    return _bottleneck_resnet(CNN_PRESETS[name])

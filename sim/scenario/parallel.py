@@ -1,0 +1,108 @@
+"""The parallel section: data × tensor × pipeline (× context, expert), the schedule, ZeRO, gradient sync."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.scenario.base import DP_ALGORITHMS, RuleError, _Strict, show
+from sim.schedules.actions import SCHEDULES
+
+
+class Parallel(_Strict):
+    """How the GPUs split the work: data × tensor × pipeline, the pipeline schedule, ZeRO, DDP buckets."""
+
+    data: int = Field(1, ge=1, description="data-parallel replicas")
+    tensor: int = Field(1, ge=1, description="tensor-parallel width (Megatron-style; may span nodes)")
+    pipeline: int = Field(1, ge=1, description="pipeline stages")
+    schedule: Literal[SCHEDULES] = Field("1f1b", description="pipeline schedule")  # type: ignore[valid-type]
+    virtual_stages: int = Field(1, ge=1, description="model chunks per GPU (interleaved-1f1b only)")
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism (a no-op when tensor = 1)"
+    )
+    zero: int = Field(
+        0, ge=0, le=3, description="ZeRO stage: 0 = DDP, 1 optimizer, 2 +gradients, 3 +weights (FSDP)"
+    )
+    bucket_MB: float = Field(25.0, ge=1e-3, le=1e9, description="DDP gradient bucket size, MB (1 kB to 1 PB)")
+    overlap_grad_sync: bool = Field(
+        True,
+        description="overlap the gradient all-reduce with the backward pass; default: what "
+        "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
+    )
+    dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "
+        "(double binary tree), hierarchical (intra-node RS, inter-node AR, intra-node AG; SHARP with "
+        "in_network_reduction), parameter_server",
+    )
+    parameter_servers: int = Field(
+        1, ge=1, description="parameter_server: how many servers (sharded, BytePS-style, when > 1)"
+    )
+    parameter_server_placement: Literal["colocated", "dedicated"] = Field(
+        "colocated", description="parameter_server: colocated (on worker nodes) or dedicated (extra CPU nodes)"
+    )
+    expert: int | None = Field(
+        None, ge=1, description="expert parallelism: GPUs sharing one layer's experts, carved out of data "
+        "(divides data and model.experts); null = 1"
+    )
+    context: int | None = Field(
+        None, ge=1, description="context parallelism: GPUs splitting each sequence (ring attention); the "
+        "GPU count is data × context × tensor × pipeline; null = 1"
+    )
+    context_attention: Literal["ring", "all_gather"] | None = Field(
+        None, description="context parallelism: ring (K/V blocks passed around, overlapped; default) or "
+        "all_gather (Llama 3: gather K/V, then attend)"
+    )
+    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="layers of each model chunk in pipeline order (virtual stage = chunk × pipeline + stage), "
+        "pipeline × virtual_stages entries summing to the model's layers, e.g. fewer on the first and last "
+        "stage to balance the embedding and the head; null = as even as possible",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Parallel:
+        if self.dp_algorithm != "parameter_server" and (
+            self.parameter_servers != 1 or self.parameter_server_placement != "colocated"
+        ):
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"parameter servers apply to dp_algorithm: parameter_server, not {self.dp_algorithm}",
+                "set dp_algorithm: parameter_server or remove parameter_servers/parameter_server_placement",
+            )
+        if self.parameter_server_placement == "colocated" and self.parameter_servers > self.data:
+            raise RuleError(
+                "parameter_servers",
+                show(self.parameter_servers),
+                f"colocated servers sit on the {self.data} data-parallel workers, at most one each",
+                f"use parameter_servers: {self.data} or parameter_server_placement: dedicated",
+            )
+        if self.dp_algorithm == "parameter_server" and self.zero:
+            raise RuleError(
+                "dp_algorithm",
+                show(self.dp_algorithm),
+                f"a parameter server syncs whole gradients (all-reduce), ZeRO {self.zero} shards them",
+                "use zero: 0 or another dp_algorithm",
+            )
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise RuleError(
+                "virtual_stages",
+                show(self.virtual_stages),
+                f"model chunks per GPU need the interleaved-1f1b schedule, not {self.schedule}",
+                "use schedule: interleaved-1f1b or virtual_stages: 1",
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.data * self.tensor * self.pipeline * self.cp
+
+    @property
+    def ep(self) -> int:
+        return self.expert or 1
+
+    @property
+    def cp(self) -> int:
+        return self.context or 1

@@ -1,0 +1,153 @@
+"""The training section: batch, precision, loss scaling, activation checkpointing, optimizer, kernels."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
+from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
+from sim.workload.transformer import CHECKPOINTING_KINDS
+
+
+class LossScaling(_Strict):
+    """fp16 loss scaling; overflows (given steps or a probability) skip the step and back off the scale."""
+
+    kind: Literal["none", "static", "dynamic"] = Field("none", description="loss-scaling policy")
+    init_scale: float = Field(65536.0, gt=0, description="initial (or static) scale")
+    growth_factor: float = Field(
+        2.0, gt=1, description="dynamic: scale multiplier after growth_interval clean steps"
+    )
+    backoff_factor: float = Field(0.5, gt=0, lt=1, description="dynamic: scale multiplier after an overflow")
+    growth_interval: int = Field(2000, ge=1, description="dynamic: clean steps before growing the scale")
+    overflow_steps: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="steps (0-based) whose gradients overflow"
+    )
+    overflow_probability: float | None = Field(
+        None, ge=0, le=1, description="chance that a step overflows (seeded)"
+    )
+
+    @field_validator("overflow_steps")
+    @classmethod
+    def _sorted(cls, steps: list[int]) -> list[int]:
+        return sorted(set(steps))
+
+    @model_validator(mode="after")
+    def _rules(self) -> LossScaling:
+        if self.overflow_steps and self.overflow_probability is not None:
+            raise RuleError(
+                "overflow_probability",
+                show(self.overflow_probability),
+                "give overflow_steps or overflow_probability, not both",
+                "remove one of them",
+            )
+        if self.kind == "none" and (self.overflow_steps or self.overflow_probability is not None):
+            raise RuleError(
+                "kind",
+                show(self.kind),
+                "overflows need loss scaling",
+                "use kind: dynamic (or static), or remove the overflows",
+            )
+        return self
+
+
+class Checkpointing(_Strict):
+    """Activation checkpointing: none, selective (attention only) or full in blocks of ``every`` layers."""
+
+    kind: Literal[CHECKPOINTING_KINDS] = Field(  # type: ignore[valid-type]
+        "none", description="what to recompute in backward"
+    )
+    every: int = Field(
+        1,
+        ge=1,
+        description="full: keep the input of one layer in `every`, recompute the block (1 = every layer)",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Checkpointing:
+        if self.every != 1 and self.kind != "full":
+            raise RuleError(
+                "every",
+                show(self.every),
+                f"`every` applies to full checkpointing, not {self.kind}",
+                "use kind: full",
+            )
+        return self
+
+
+def checkpointing_from(value: Any) -> Any:
+    """ "full" → {kind: full}; {every: k} → {kind: full, every: k}."""
+    if isinstance(value, str):
+        return {"kind": value}
+    if isinstance(value, dict) and "every" in value and "kind" not in value:
+        return {"kind": "full", **value}
+    return value
+
+
+class Compression(_Strict):
+    """Gradient compression for the data-parallel all-reduce."""
+
+    kind: Literal["topk"] = Field(description="top-k sparsification")
+    ratio: float = Field(gt=0, le=1, description="fraction of gradient elements sent")
+
+
+class Training(_Strict):
+    """The batch, precision and optimizer: what one training step does."""
+
+    global_batch: int = Field(
+        ge=1, description="samples (sequences) per optimizer step, all replicas together"
+    )
+    micro_batch: int = Field(1, ge=1, description="samples per micro-batch per replica")
+    precision: Literal[PRECISIONS] = Field("bf16", description="compute dtype")  # type: ignore[valid-type]
+    loss_scaling: LossScaling = Field(LossScaling(), description="none | static | dynamic, or a mapping")
+    checkpointing: Checkpointing = Field(Checkpointing(), description="none | full | selective | {every: k}")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+        "adam", description="optimizer (sets optimizer-state memory)"
+    )
+    gradient_compression: Compression | None = Field(None, description="null, or {kind: topk, ratio}")
+    kernels: Literal[KERNEL_SET_NAMES] = Field(  # type: ignore[valid-type]
+        DEFAULT_KERNEL_SET,
+        description="the software stack's kernel set (sim/workload/kernels.py): which kernels it launched "
+        "and fused, e.g. megatron-lm-2021 (bmm attention, fp32 grad-accumulation pass) or "
+        "transformer-engine (flash attention, fused kernels)",
+    )
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "
+        "a norm pass over the gradients and its all-reduce; null = no clipping",
+    )
+    tokens: float | None = Field(
+        None, gt=0, le=1e18, description="total training tokens (time-to-train, at most 1e18); transformer only"
+    )
+    train_steps: int | None = Field(
+        None, gt=0, le=10**12, description="total optimizer steps (time-to-train, at most 1e12)"
+    )
+
+    @field_validator(
+        "loss_scaling",
+        mode="before",
+        json_schema_input_type=Literal["none", "static", "dynamic"] | LossScaling,
+    )
+    @classmethod
+    def _loss_scaling(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator(
+        "checkpointing",
+        mode="before",
+        json_schema_input_type=Literal[CHECKPOINTING_KINDS] | Checkpointing,  # type: ignore[valid-type]
+    )
+    @classmethod
+    def _checkpointing(cls, value: Any) -> Any:
+        return checkpointing_from(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Training:
+        if self.tokens is not None and self.train_steps is not None:
+            raise RuleError(
+                "train_steps",
+                show(self.train_steps),
+                "give tokens or train_steps, not both",
+                "remove one of them",
+            )
+        return self

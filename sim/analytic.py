@@ -211,13 +211,13 @@ def zero_memory_bytes(params: float, stage: int, dp: int, k: int = 12) -> float:
         return 2 * params + (2 + k) * params / dp
     if stage == 3:
         return (4 + k) * params / dp
-    raise ScenarioError(f"must be 0, 1, 2 or 3, got {stage}", field="training.zero_stage")
+    raise ScenarioError(f"must be 0, 1, 2 or 3, got {stage}", field="parallel.zero")
 
 
 def zero_comm_volume(params: float, stage: int) -> float:
     """Per-GPU data-parallel traffic in parameter elements per step: 2Ψ for stages 0–2, 3Ψ for stage 3."""
     if stage not in (0, 1, 2, 3):
-        raise ScenarioError(f"must be 0, 1, 2 or 3, got {stage}", field="training.zero_stage")
+        raise ScenarioError(f"must be 0, 1, 2 or 3, got {stage}", field="parallel.zero")
     return (3.0 if stage == 3 else 2.0) * params
 
 

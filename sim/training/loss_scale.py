@@ -31,21 +31,21 @@ class LossScaleConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ScenarioError(
-                f"{self.mode!r} is not one of {', '.join(MODES)}", field="training.loss_scale.mode"
+                f"{self.mode!r} is not one of {', '.join(MODES)}", field="training.loss_scaling.kind"
             )
         if self.init_scale <= 0:
-            raise ScenarioError(f"must be > 0, got {self.init_scale}", field="training.loss_scale.init_scale")
+            raise ScenarioError(f"must be > 0, got {self.init_scale}", field="training.loss_scaling.init_scale")
         if self.growth_factor <= 1:
             raise ScenarioError(
-                f"must be > 1, got {self.growth_factor}", field="training.loss_scale.growth_factor"
+                f"must be > 1, got {self.growth_factor}", field="training.loss_scaling.growth_factor"
             )
         if not 0 < self.backoff_factor < 1:
             raise ScenarioError(
-                f"must be in (0, 1), got {self.backoff_factor}", field="training.loss_scale.backoff_factor"
+                f"must be in (0, 1), got {self.backoff_factor}", field="training.loss_scaling.backoff_factor"
             )
         if self.growth_interval < 1:
             raise ScenarioError(
-                f"must be >= 1, got {self.growth_interval}", field="training.loss_scale.growth_interval"
+                f"must be >= 1, got {self.growth_interval}", field="training.loss_scaling.growth_interval"
             )
 
 
@@ -94,16 +94,16 @@ def simulate(
     config = config or LossScaleConfig()
     if (overflow_steps is None) == (overflow_prob is None):
         raise ScenarioError(
-            "give exactly one of overflow_steps and overflow_prob", field="training.loss_scale"
+            "give exactly one of overflow_steps and overflow_prob", field="training.loss_scaling"
         )
     if overflow_prob is not None:
         if not 0 <= overflow_prob <= 1:
             raise ScenarioError(
-                f"must be in [0, 1], got {overflow_prob}", field="training.loss_scale.overflow_prob"
+                f"must be in [0, 1], got {overflow_prob}", field="training.loss_scaling.overflow_probability"
             )
         if rng is None:
             raise ScenarioError(
-                "overflow_prob needs a seeded numpy Generator or seed", field="training.loss_scale"
+                "overflow_prob needs a seeded numpy Generator or seed", field="training.loss_scaling"
             )
         overflows = (np.random.default_rng(rng).random(steps) < overflow_prob).tolist()
     else:

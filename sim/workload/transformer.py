@@ -198,14 +198,14 @@ def _check_parallel(
     if micro_batch < 1:
         raise ScenarioError(f"must be >= 1, got {micro_batch}", field="training.micro_batch")
     if tp < 1:
-        raise ScenarioError(f"must be >= 1, got {tp}", field="parallel.tp")
+        raise ScenarioError(f"must be >= 1, got {tp}", field="parallel.tensor")
     if dtype not in DTYPE_BYTES:
-        raise ScenarioError(f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}", field="training.dtype")
+        raise ScenarioError(f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}", field="training.precision")
     for name, value in (("heads", d.heads), ("kv_heads", d.n_kv_heads), ("ffn_hidden", d.ffn_hidden)):
         if value % tp:
             raise ScenarioError(
                 f"model.{name} {value} is not divisible by tp {tp}; choose tp dividing it",
-                field="parallel.tp",
+                field="parallel.tensor",
             )
     if sequence_parallel and tp > 1 and (d.seq_len * micro_batch) % tp:
         raise ScenarioError(

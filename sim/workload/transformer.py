@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: a layer's forward and backward ops, with their fusion notes, read best side by side.
 """Decoder-only transformer as per-GPU ops, laid out the way Megatron-LM runs it.
 
 One layer for one micro-batch becomes segments: ops on the compute stream, then (optionally) one
@@ -32,7 +33,12 @@ from dataclasses import dataclass
 
 from sim.errors import ScenarioError
 from sim.units import DTYPE_BYTES
-from sim.workload.ops import ATTENTION, Op, elementwise, gemm
+from sim.workload.attention import (  # is_attention_core: re-exported for build and the plan screen
+    flash_attention_op,
+    is_attention_core,  # noqa: F401
+    standard_attention,
+)
+from sim.workload.ops import Op, elementwise, gemm
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -282,76 +288,6 @@ def _activation_bwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
     )
 
 
-def _attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool) -> Op:
-    """Fused (flash) attention core on this GPU's heads: 4bs²h/t model FLOPs forward, twice that backward;
-    causal (decoder-only), so the kernel skips the masked half (the cost model prices that)."""
-    s, heads_t = d.seq_len, d.heads // tp
-    e = DTYPE_BYTES[dtype]
-    tokens = b * s
-    q_o = tokens * (d.hidden // tp)  # Q or O elements
-    kv = 2 * tokens * (d.kv_dim // tp)  # K and V elements
-    lse = tokens * heads_t * _FP32_BYTES
-    fwd_flops = 4.0 * b * s * s * d.head_dim * heads_t
-    if backward:  # read Q, K, V, O, dO, LSE; write dQ, dK, dV
-        moved, flops = (2 * (q_o + kv) + 2 * q_o) * e + lse, 2.0 * fwd_flops
-    else:  # read Q, K, V; write O, LSE
-        moved, flops = (2 * q_o + kv) * e + lse, fwd_flops
-    # m, n, k describe one head's score matrix (queries × keys × head_dim), batch the (b × heads) count.
-    return Op(
-        name=name,
-        kind=ATTENTION,
-        flops=flops,
-        bytes=float(moved),
-        dtype=dtype,
-        m=s,
-        n=s,
-        k=d.head_dim,
-        batch=b * heads_t,
-        backward=backward,
-        causal=True,
-    )
-
-
-def _standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_kernel: bool
-                        ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-    """Unfused attention as Megatron-LM ran it before flash attention: (forward ops, backward ops).
-
-    Forward: scores = QKᵀ (``torch.baddbmm``, one GEMM per head), the fused scale-mask-softmax kernel over
-    the b·heads·s² scores, dropout on the probabilities (its own kernel when ``dropout_kernel``), then
-    context = probs·V (``torch.bmm``). Backward: dprobs = dctx·Vᵀ and dV = probsᵀ·dctx, dropout and softmax
-    backward over s², then dQ = dS·K and dK = dSᵀ·Q. Causal masking does not shrink any of it: the GEMMs
-    compute the full s² and the softmax reads and writes it all. FLOPs equal the flash op's (4bs²h/t,
-    twice that backward).
-    """
-    s, heads_t, hd = d.seq_len, d.heads // tp, d.head_dim
-    e = DTYPE_BYTES[dtype]
-    batch = b * heads_t
-    scores = float(batch * s * s)  # elements of the score matrices on this GPU
-    fwd: list[Op] = [
-        gemm("attention.scores", s, s, hd, dtype, batch),
-        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores),
-    ]
-    bwd: list[Op] = [
-        gemm("attention.dprobs", s, s, hd, dtype, batch),
-        gemm("attention.dv", s, hd, s, dtype, batch),
-    ]
-    if dropout_kernel:
-        fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores))
-        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores))
-    fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
-    bwd += [
-        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores),
-        gemm("attention.dq", s, hd, s, dtype, batch),
-        gemm("attention.dk", s, hd, s, dtype, batch),
-    ]
-    return tuple(fwd), tuple(bwd)
-
-
-def is_attention_core(op: Op) -> bool:
-    """The ops of the attention core (what selective recomputation re-runs), flash or standard."""
-    return op.name == "attention" or op.name.startswith("attention.")
-
-
 def _dgrad(op: Op) -> Op:
     """Input gradient of Y[m,n] = X[m,k] W[k,n]: dX[m,k] = dY[m,n] W^T[n,k]."""
     return gemm(f"{op.name}.dgrad", op.m, op.k, op.n, op.dtype)
@@ -372,7 +308,7 @@ def layer_ops(
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
     ``attention``: "flash" (one fused kernel) or "standard" (batched GEMMs, softmax and, with
-    ``attention_dropout_kernel``, a dropout kernel over the scores: see ``_standard_attention``).
+    ``attention_dropout_kernel``, a dropout kernel over the scores: see ``sim.workload.attention.standard_attention``).
 
     Forward (no SP): [norm1, QKV, attention, out-proj] → AR; [dropout-add1, norm2, MLP up, act, MLP down] → AR;
     [dropout-add2]. With SP: [norm1] → AG; [QKV, attention, out-proj] → RS; [dropout-add1, norm2] → AG;
@@ -398,10 +334,10 @@ def layer_ops(
         raise ScenarioError(f"{attention!r} is not one of flash, standard", field="model.attention")
     norm1 = _norm_fwd("norm1", local, h, act)
     if attention == "flash":
-        core: tuple[Op, ...] = (_attention_op("attention", d, b, t, act, backward=False),)
-        core_b: tuple[Op, ...] = (_attention_op("attention.bwd", d, b, t, act, backward=True),)
+        core: tuple[Op, ...] = (flash_attention_op("attention", d, b, t, act, backward=False),)
+        core_b: tuple[Op, ...] = (flash_attention_op("attention.bwd", d, b, t, act, backward=True),)
     else:
-        core, core_b = _standard_attention(d, b, t, act, attention_dropout_kernel)
+        core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel)
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act)
     norm2 = _norm_fwd("norm2", local, h, act)
     mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)

@@ -1,0 +1,88 @@
+"""The attention core of a transformer layer on one GPU's heads: FlashAttention-style (one fused kernel) or
+standard (Megatron-LM before flash attention: batched GEMMs and softmax/dropout kernels over the s² scores).
+
+What selective recomputation re-runs is exactly these ops (``is_attention_core``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.units import DTYPE_BYTES
+from sim.workload.ops import ATTENTION, Op, elementwise, gemm
+
+if TYPE_CHECKING:  # transformer.py imports this module
+    from sim.workload.transformer import TransformerDims
+
+_FP32_BYTES = 4
+_MASK_BYTES = 1  # dropout mask, one byte per element
+
+
+def flash_attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool) -> Op:
+    """Fused (flash) attention core on this GPU's heads: 4bs²h/t model FLOPs forward, twice that backward;
+    causal (decoder-only), so the kernel skips the masked half (the cost model prices that)."""
+    s, heads_t = d.seq_len, d.heads // tp
+    e = DTYPE_BYTES[dtype]
+    tokens = b * s
+    q_o = tokens * (d.hidden // tp)  # Q or O elements
+    kv = 2 * tokens * (d.kv_dim // tp)  # K and V elements
+    lse = tokens * heads_t * _FP32_BYTES
+    fwd_flops = 4.0 * b * s * s * d.head_dim * heads_t
+    if backward:  # read Q, K, V, O, dO, LSE; write dQ, dK, dV
+        moved, flops = (2 * (q_o + kv) + 2 * q_o) * e + lse, 2.0 * fwd_flops
+    else:  # read Q, K, V; write O, LSE
+        moved, flops = (2 * q_o + kv) * e + lse, fwd_flops
+    # m, n, k describe one head's score matrix (queries × keys × head_dim), batch the (b × heads) count.
+    return Op(
+        name=name,
+        kind=ATTENTION,
+        flops=flops,
+        bytes=float(moved),
+        dtype=dtype,
+        m=s,
+        n=s,
+        k=d.head_dim,
+        batch=b * heads_t,
+        backward=backward,
+        causal=True,
+    )
+
+
+def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_kernel: bool
+                        ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Unfused attention as Megatron-LM ran it before flash attention: (forward ops, backward ops).
+
+    Forward: scores = QKᵀ (``torch.baddbmm``, one GEMM per head), the fused scale-mask-softmax kernel over
+    the b·heads·s² scores, dropout on the probabilities (its own kernel when ``dropout_kernel``), then
+    context = probs·V (``torch.bmm``). Backward: dprobs = dctx·Vᵀ and dV = probsᵀ·dctx, dropout and softmax
+    backward over s², then dQ = dS·K and dK = dSᵀ·Q. Causal masking does not shrink any of it: the GEMMs
+    compute the full s² and the softmax reads and writes it all. FLOPs equal the flash op's (4bs²h/t,
+    twice that backward).
+    """
+    s, heads_t, hd = d.seq_len, d.heads // tp, d.head_dim
+    e = DTYPE_BYTES[dtype]
+    batch = b * heads_t
+    scores = float(batch * s * s)  # elements of the score matrices on this GPU
+    fwd: list[Op] = [
+        gemm("attention.scores", s, s, hd, dtype, batch),
+        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores),
+    ]
+    bwd: list[Op] = [
+        gemm("attention.dprobs", s, s, hd, dtype, batch),
+        gemm("attention.dv", s, hd, s, dtype, batch),
+    ]
+    if dropout_kernel:
+        fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores))
+        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores))
+    fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
+    bwd += [
+        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores),
+        gemm("attention.dq", s, hd, s, dtype, batch),
+        gemm("attention.dk", s, hd, s, dtype, batch),
+    ]
+    return tuple(fwd), tuple(bwd)
+
+
+def is_attention_core(op: Op) -> bool:
+    """The ops of the attention core (what selective recomputation re-runs), flash or standard."""
+    return op.name == "attention" or op.name.startswith("attention.")

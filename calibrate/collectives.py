@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from calibrate.config import CollectiveConfig, group_sizes_for
 from calibrate.launch import (
@@ -202,9 +203,8 @@ def measure(
 
 
 def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
-    cfg = CollectiveConfig(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in job["collectives"].items()}
-    )
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in job["collectives"].items()}
+    cfg = CollectiveConfig(**fields)
     return measure(job["device"], cfg, emit, job.get("fault"))
 
 

@@ -59,12 +59,12 @@ def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Ca
         ]  # col-major
         scale = torch.tensor(1.0, device=device)
 
-        def call(i: int):
+        def scaled_call(i: int):
             return torch._scaled_mm(
                 a_sets[i], b_sets[i], scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16
             )
 
-        return call, n_sets
+        return scaled_call, n_sets
 
     tdtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         dtype

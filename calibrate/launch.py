@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, NoReturn
 
 from calibrate.progress import progress_bar
 from calibrate.timing import import_torch
@@ -224,7 +224,7 @@ def run_workers(
                         text=True,
                     )
                 )
-        threading.Thread(target=lambda: [lines.put(ln) for ln in procs[0].stdout], daemon=True).start()
+        threading.Thread(target=_pump, args=(procs[0].stdout, lines), daemon=True).start()
         _watch(procs, lines, tmp, desc, startup_timeout_s, stall_timeout_s)
         if not result_path.exists():
             tail = _stderr_tail(tmp / "rank0.stderr") or "no error output"
@@ -244,6 +244,13 @@ def run_workers(
         tmp.rmdir()
     result["other_load_cores"] = load.other_cores()  # after the workers were waited for (their CPU counts)
     return result
+
+
+def _pump(stream: IO[str] | None, out: queue.Queue[str]) -> None:
+    """Copy rank 0's stdout into ``out`` line by line (a reader thread, so the watcher never blocks)."""
+    assert stream is not None  # rank 0 is started with stdout=PIPE
+    for line in stream:
+        out.put(line)
 
 
 def _watch(

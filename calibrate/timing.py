@@ -43,6 +43,7 @@ class Timing:
 
 
 T = TypeVar("T")
+P = TypeVar("P", bound=Hashable)  # a sweep point (shape, dtype, ...)
 
 
 class PointFailed(RuntimeError):
@@ -251,11 +252,11 @@ def merge_passes(records: list[dict], work_key: str, rate_key: str) -> dict:
 
 def sweep(
     desc: str,
-    points: Sequence[Hashable],
-    measure: Callable[[Hashable], dict],
+    points: Sequence[P],
+    measure: Callable[[P], dict],
     *,
-    label: Callable[[Hashable], str],
-    skip_record: Callable[[Hashable, str], dict],
+    label: Callable[[P], str],
+    skip_record: Callable[[P, str], dict],
     errors: tuple[type[Exception], ...],
     device: str,
     cfg: TimingConfig,

@@ -6,6 +6,7 @@ The schedule is read from the Timeline (one representative GPU per stage); bubbl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -44,6 +45,7 @@ FIG_WIDTH_IN = 13.0
 # Up to this many blocks (and as many bubbles, hatched) every one is a rectangle, as in the papers' diagrams;
 # above it, those under WIDE_PX pixels go to the raster layer (hatching thousands of slivers costs seconds).
 VECTOR_BLOCKS_MAX = 2_000
+FloatOrArray = TypeVar("FloatOrArray", float, np.ndarray)  # closed forms work on one m or a grid of them
 PIPELINE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)
 
 
@@ -62,7 +64,7 @@ def idle_gaps(spans: list[Span], t0: float, t1: float) -> list[tuple[float, floa
     return [(start, dur) for start, dur in gaps if dur > 0]
 
 
-def closed_form_bubble(m: float, p: int, virtual_stages: int = 1) -> float:
+def closed_form_bubble(m: FloatOrArray, p: int, virtual_stages: int = 1) -> FloatOrArray:
     """Bubble fraction (p−1)/(v·m+p−1) of GPipe/1F1B (v=1) and interleaved 1F1B (v>1)."""
     return (p - 1) / (virtual_stages * m + p - 1)
 
@@ -233,7 +235,7 @@ def bubble_vs_microbatches_figure(points: list[tuple[int, float]], p: int, virtu
     if log_x:
         ax.set_xscale("log")
     if 0 < len(ms) <= 12:
-        ax.xaxis.set_major_locator(FixedLocator(ms))
+        ax.xaxis.set_major_locator(FixedLocator(ms.tolist()))
         ax.xaxis.set_minor_locator(NullLocator())
         fmt = ScalarFormatter()
         fmt.set_scientific(False)

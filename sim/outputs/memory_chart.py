@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
@@ -99,7 +100,7 @@ def memory_figure(summary: dict) -> Figure:
                 color="#333333",
             )
 
-    handles = [Patch(facecolor=style.MEMORY_COLORS[c], label=c) for c in reversed(style.MEMORY_COMPONENTS)]
+    handles: list[Artist] = [Patch(facecolor=style.MEMORY_COLORS[c], label=c) for c in reversed(style.MEMORY_COMPONENTS)]
     ymax = max(tops, default=1.0)
     if capacity is not None:
         cap_gb = float(capacity) / GB
@@ -139,7 +140,7 @@ def memory_figure(summary: dict) -> Figure:
     fits = summary.get("fits_in_memory", not over)
     verdict = "fits in memory" if fits else "does NOT fit in memory"
     if over:
-        worst = max(over, key=over.get)
+        worst = max(over, key=lambda s: over[s])
         verdict += f" (worst: stage {worst}, +{over[worst] / GB:.1f} GB)"
     name = f" · {summary['name']}" if summary.get("name") else ""
     fig.suptitle(

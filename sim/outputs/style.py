@@ -154,10 +154,9 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
         engine.execute(fig)
         fig.set_layout_engine("none")
     written = []
-    rc = {"svg.fonttype": "none", "svg.hashsalt": "dtsim"}
     for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
         final = out_stem.with_name(f"{out_stem.name}.{fmt}")
-        with atomic_open(final, "wb") as fh, matplotlib.rc_context(rc):
+        with atomic_open(final, "wb") as fh, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dtsim"}):
             fig.savefig(fh, format=fmt, dpi=PNG_DPI, metadata=metadata)
         written.append(final)
     return written

@@ -97,7 +97,7 @@ def fit_alpha_beta(op: str, p: int, sizes_bytes: Iterable[float], times_s: Itera
     ca, cb = closed_form_coeffs(op, p)
     a, bn = np.full_like(n, ca), cb * n
 
-    def rel_errors(alpha: float, x: float, idx=slice(None)) -> np.ndarray:
+    def rel_errors(alpha: float, x: float, idx: slice = slice(None)) -> np.ndarray:
         return (a[idx] * alpha + bn[idx] * x - t[idx]) / t[idx]
 
     alpha, x = _solve_alpha_beta(a, bn, t)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 from calibrate.progress import progress_bar
 from calibrate.timing import import_torch
@@ -60,7 +60,7 @@ def cpu_threads_per_device(world: int) -> int:
     return max(1, usable_cores() // max(1, local))
 
 
-def init_distributed(device_kind: str, timeout_s: float):
+def init_distributed(device_kind: str, timeout_s: float) -> tuple[int, int, Any, str]:
     """Join the process group described by the environment (or keep the one this process already joined:
     under torchrun on CPU several sections share one group, see ``keep_group``). Returns (rank, world,
     torch device, backend)."""
@@ -127,7 +127,7 @@ class HostLoad:
     """CPU time other processes used on this machine while a measurement ran, in cores on average
     (Linux: /proc/stat's busy and stolen time, less this process's and its waited-for children's)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.t0, self.busy0, self.own0 = time.perf_counter(), _machine_busy_s(), _own_cpu_s()
 
     def other_cores(self) -> float | None:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.errors import ScenarioError
-from sim.scenario.schema import CollectiveModel
+from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
 
 if TYPE_CHECKING:
+    from sim.engine.world import World
     from sim.scenario.schema import Scenario
 
 # About 3e5 engine events per second on one core (benchmarks/engine_speed.py, resnet50-dp-1024xa100-hdr:
@@ -80,18 +81,17 @@ def _symmetric(sc: Scenario) -> bool:
     return not sc.cluster.stragglers and sc.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
 
 
-def _params(model) -> float:
-    kind = model.kind
-    if kind == "transformer":
+def _params(model: ModelSpec) -> float:
+    if isinstance(model, TransformerModel):
         from sim.workload.transformer import model_params
 
         return float(model_params(model.to_dims()))
-    if kind == "layers":
+    if isinstance(model, LayersModel):
         return float(sum(layer.params for layer in model.layers))
     return float(getattr(model, "params_per_layer", 0) * getattr(model, "layers", 0))
 
 
-def _layers(model) -> int:
+def _layers(model: ModelSpec) -> int:
     layers = getattr(model, "layers", 1)
     return len(layers) if isinstance(layers, list) else int(layers) + (2 if model.kind == "transformer" else 0)
 
@@ -191,7 +191,7 @@ PROGRESS_EVERY_S = 10.0
 
 
 @contextmanager
-def progress_on_stderr(world, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
+def progress_on_stderr(world: World, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
     """While a long simulation runs, say every ``every_s`` seconds on stderr how far it has got (wall time,
     transfers, the simulated clock), from a daemon thread that only reads counters."""
     import sys

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from sim.errors import ScenarioError, SimulationError
 
@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
     """A Python warning as one plain line (no source path and line): users see what, not where."""
     text = str(message).splitlines()[0] if str(message) else category.__name__
     print(f"dtsim: warning: {text}", file=sys.stderr)

@@ -109,3 +109,7 @@ class Summary(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._present)
+
+
+# What charts and reports read: a Summary, or the mapping of a summary.json (of this or an older version).
+SummaryView = Mapping[str, Any]

@@ -40,6 +40,7 @@ from sim.outputs.gantt import (
     stages_of,
 )
 from sim.outputs.span_table import span_table
+from sim.summary import SummaryView
 
 FIG_WIDTH_IN = 13.0
 # Up to this many blocks (and as many bubbles, hatched) every one is a rectangle, as in the papers' diagrams;
@@ -79,7 +80,7 @@ def _row_gaps(starts: np.ndarray, ends: np.ndarray, t0: float, t1: float) -> tup
     return gap_start[keep], (gap_end - gap_start)[keep]
 
 
-def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
+def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     """Stage rows (stage 0 on top) × time with blocks, micro-batch numbers and hatched bubbles.
 
     Up to ``VECTOR_BLOCKS_MAX`` blocks every block and bubble is a rectangle; above that, those narrower
@@ -187,7 +188,7 @@ def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
     return fig
 
 
-def plot_schedule(timeline: Timeline, summary: dict, out_stem: Path) -> list[Path]:
+def plot_schedule(timeline: Timeline, summary: SummaryView, out_stem: Path) -> list[Path]:
     """Write the schedule diagram as ``out_stem.png`` and ``out_stem.svg``."""
     return style.save_figure(schedule_figure(timeline, summary), Path(out_stem))
 

@@ -16,6 +16,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 from sim.engine import timeline as tl
 from sim.outputs.writers import atomic_open
+from sim.summary import SummaryView
 from sim.units import MS, US
 
 # Category → fill colour. Compute categories (Okabe–Ito) and communication categories (Tol muted) live on
@@ -162,7 +163,7 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
     return written
 
 
-def title_figures(summary: dict) -> str:
+def title_figures(summary: SummaryView) -> str:
     """Key figures of a run for a chart title: name, GPUs, step time, bubble, MFU (those present)."""
     parts = []
     if summary.get("name"):

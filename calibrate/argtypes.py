@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 
 class UsageError(Exception):
@@ -13,7 +14,7 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting, so errors stay one line."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.config import SECTIONS, make_config
@@ -78,7 +79,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-")[:40] or "device"
 
 
-def _torch():
+def _torch() -> ModuleType:
     try:
         import torch
     except ImportError as exc:

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from calibrate.config import CollectiveConfig, group_sizes_for
 from calibrate.launch import (
@@ -58,7 +59,9 @@ def unmeasurable(reason: str, world: int) -> dict:
 # --------------------------------------------------------------------------------------------- worker side
 
 
-def _plan(ops: tuple[str, ...], group_sizes: tuple[int, ...], sizes: tuple[int, ...], hosts: list[str]):
+def _plan(
+    ops: tuple[str, ...], group_sizes: tuple[int, ...], sizes: tuple[int, ...], hosts: list[str]
+) -> list[tuple[str, tuple[int, ...], str, int]]:
     """Every (op, ranks, scope, size) step in a fixed order all ranks agree on."""
     pairs = [(0, 1)]
     other = next((r for r, h in enumerate(hosts) if h != hosts[0]), None)
@@ -74,7 +77,9 @@ def _plan(ops: tuple[str, ...], group_sizes: tuple[int, ...], sizes: tuple[int, 
     return steps
 
 
-def _op_call(op: str, size_bytes: int, ranks: tuple[int, ...], group, rank: int, device):
+def _op_call(
+    op: str, size_bytes: int, ranks: tuple[int, ...], group: Any, rank: int, device: Any
+) -> tuple[Callable[[], object], int, int]:
     """Buffers and a zero-argument call for one collective; returns (call, bytes, count)."""
     torch = import_torch()
     import torch.distributed as dist
@@ -106,12 +111,14 @@ def _op_call(op: str, size_bytes: int, ranks: tuple[int, ...], group, rank: int,
     return call, count * ELEM_BYTES, count
 
 
-def _time_step(call: Callable[[], object], size_bytes: int, group, device, cfg: CollectiveConfig) -> dict:
+def _time_step(
+    call: Callable[[], object], size_bytes: int, group: Any, device: Any, cfg: CollectiveConfig
+) -> dict:
     """Per-op seconds: back-to-back iterations between barriers, slowest rank per repeat, median."""
     torch = import_torch()
     import torch.distributed as dist
 
-    def sync():
+    def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -202,9 +209,8 @@ def measure(
 
 
 def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
-    cfg = CollectiveConfig(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in job["collectives"].items()}
-    )
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in job["collectives"].items()}
+    cfg = CollectiveConfig(**fields)
     return measure(job["device"], cfg, emit, job.get("fault"))
 
 

@@ -6,6 +6,7 @@ Kept as plain data so the CLI, the tests (with a tiny sweep) and the report all 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sim.units import KiB, MiB
 
@@ -82,7 +83,7 @@ class SweepConfig:
     def from_dict(cls, d: dict) -> SweepConfig:
         """Inverse of ``as_dict`` (after a JSON round trip: lists back to tuples)."""
 
-        def tup(v):
+        def tup(v: Any) -> Any:
             return tuple(tup(x) for x in v) if isinstance(v, list) else v
 
         fields = {k: tup(v) for k, v in d.items() if k not in ("timing", "collectives")}

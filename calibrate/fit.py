@@ -97,7 +97,7 @@ def fit_alpha_beta(op: str, p: int, sizes_bytes: Iterable[float], times_s: Itera
     ca, cb = closed_form_coeffs(op, p)
     a, bn = np.full_like(n, ca), cb * n
 
-    def rel_errors(alpha: float, x: float, idx=slice(None)) -> np.ndarray:
+    def rel_errors(alpha: float, x: float, idx: slice = slice(None)) -> np.ndarray:
         return (a[idx] * alpha + bn[idx] * x - t[idx]) / t[idx]
 
     alpha, x = _solve_alpha_beta(a, bn, t)
@@ -109,6 +109,7 @@ def fit_alpha_beta(op: str, p: int, sizes_bytes: Iterable[float], times_s: Itera
             al, xl = _solve_alpha_beta(a[keep], bn[keep], t[keep])
             loo.append(float(rel_errors(al, xl, slice(i, i + 1))[0]))
     rel_rms, rel_max = rms_max(err)
+    assert rel_rms is not None and rel_max is not None  # at least 2 points, checked above
     loo_rms, loo_max = rms_max(loo)
     return AlphaBetaFit(
         alpha_s=alpha,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from calibrate.config import SweepConfig
-from calibrate.progress import progress_bar
+from calibrate.progress import Progress, progress_bar
 from calibrate.timing import (
     Lockstep,
     buffer_sets,
@@ -43,7 +44,9 @@ def available_dtypes(device: str, wanted: Iterable[str]) -> tuple[list[str], lis
     return ok, skipped
 
 
-def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Callable[[int], int]):
+def _matmul_call(
+    m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Callable[[int], int]
+) -> tuple[Callable[[int], Any], int]:
     """Build random operand sets and a ``call(i)`` that multiplies set ``i``. Returns (call, n_sets)."""
     torch = import_torch()
     elem = DTYPE_BYTES[dtype]
@@ -59,12 +62,12 @@ def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Ca
         ]  # col-major
         scale = torch.tensor(1.0, device=device)
 
-        def call(i: int):
+        def scaled_call(i: int) -> Any:
             return torch._scaled_mm(
                 a_sets[i], b_sets[i], scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16
             )
 
-        return call, n_sets
+        return scaled_call, n_sets
 
     tdtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         dtype
@@ -78,7 +81,7 @@ def _matmul_call(m: int, n: int, k: int, dtype: str, device: str, n_sets_for: Ca
         b_sets = [torch.randn(k, n, device=device, dtype=tdtype, generator=gen) for _ in range(n_sets)]
         c_sets = [torch.empty(m, n, device=device, dtype=tdtype) for _ in range(n_sets)]
 
-    def call(i: int):
+    def call(i: int) -> Any:
         return torch.matmul(a_sets[i], b_sets[i], out=c_sets[i])
 
     return call, n_sets
@@ -118,7 +121,7 @@ def measure_gemm(
 
 
 def run_gemm(
-    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress=progress_bar
+    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress: Progress = progress_bar
 ) -> dict:
     """The GEMM section: every (shape, dtype) of the sweep, in ``config.timing.passes`` passes (see
     timing.sweep); failures (OOM, unsupported) become skips.

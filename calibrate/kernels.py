@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 from calibrate.config import GEMM, SweepConfig
 from calibrate.launch import (
@@ -35,7 +35,7 @@ from calibrate.launch import (
     torchrun_env,
     worker_entry,
 )
-from calibrate.progress import progress_bar
+from calibrate.progress import Bar, Progress, progress_bar
 from calibrate.timing import PointFailed, import_torch
 
 STATISTIC = "every worker times the same kernel at once (samples start together); the slowest worker's median"
@@ -44,7 +44,7 @@ STATISTIC = "every worker times the same kernel at once (samples start together)
 class DistLockstep:
     """calibrate.timing.Lockstep over the default process group (gloo)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import torch.distributed as dist
 
         self.torch, self.dist = import_torch(), dist
@@ -90,12 +90,12 @@ class _Emitter:
     def __init__(self, emit: Callable[[str], None], total: int):
         self.emit, self.total, self.n, self.what = emit, total, 0, ""
 
-    def __enter__(self):
+    def __enter__(self) -> _Emitter:
         self.emit(f"{READY_TAG} {self.total}")
         return self
 
-    def __exit__(self, *exc) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def set_postfix_str(self, what: str, refresh: bool = False) -> None:
         self.what = what
@@ -113,7 +113,7 @@ class _Silent:
         pass
 
 
-def measure(section: str, device: str, config: SweepConfig, progress, launcher: str) -> dict | None:
+def measure(section: str, device: str, config: SweepConfig, progress: Progress, launcher: str) -> dict | None:
     """Run ``section`` on this rank in lockstep with the others (process group from the environment);
     rank 0 returns the section, the other ranks None."""
     from calibrate.gemm import run_gemm
@@ -169,7 +169,7 @@ def run_in_process(section: str, config: SweepConfig) -> dict | None:
     The caller sets this rank's threads (one device's share of the node's cores)."""
     rank, world = torchrun_env() or (0, 1)
 
-    def progress(desc: str, total: int):
+    def progress(desc: str, total: int) -> AbstractContextManager[Bar]:
         return progress_bar(desc, total) if rank == 0 else nullcontext(_Silent())
 
     try:

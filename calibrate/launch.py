@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, Any, NoReturn
 
 from calibrate.cores import usable_cores  # also imported from here by cli and metadata
 from calibrate.progress import progress_bar
@@ -53,7 +53,7 @@ def cpu_threads_per_device(world: int) -> int:
     return max(1, usable_cores() // max(1, local))
 
 
-def init_distributed(device_kind: str, timeout_s: float):
+def init_distributed(device_kind: str, timeout_s: float) -> tuple[int, int, Any, str]:
     """Join the process group described by the environment (or keep the one this process already joined:
     under torchrun on CPU several sections share one group, see ``keep_group``). Returns (rank, world,
     torch device, backend)."""
@@ -120,7 +120,7 @@ class HostLoad:
     """CPU time other processes used on this machine while a measurement ran, in cores on average
     (Linux: /proc/stat's busy and stolen time, less this process's and its waited-for children's)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.t0, self.busy0, self.own0 = time.perf_counter(), _machine_busy_s(), _own_cpu_s()
 
     def other_cores(self) -> float | None:
@@ -217,7 +217,7 @@ def run_workers(
                         text=True,
                     )
                 )
-        threading.Thread(target=lambda: [lines.put(ln) for ln in procs[0].stdout], daemon=True).start()
+        threading.Thread(target=_pump, args=(procs[0].stdout, lines), daemon=True).start()
         _watch(procs, lines, tmp, desc, startup_timeout_s, stall_timeout_s)
         if not result_path.exists():
             tail = _stderr_tail(tmp / "rank0.stderr") or "no error output"
@@ -237,6 +237,13 @@ def run_workers(
         tmp.rmdir()
     result["other_load_cores"] = load.other_cores()  # after the workers were waited for (their CPU counts)
     return result
+
+
+def _pump(stream: IO[str] | None, out: queue.Queue[str]) -> None:
+    """Copy rank 0's stdout into ``out`` line by line (a reader thread, so the watcher never blocks)."""
+    assert stream is not None  # rank 0 is started with stdout=PIPE
+    for line in stream:
+        out.put(line)
 
 
 def _watch(

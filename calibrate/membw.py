@@ -6,8 +6,11 @@ memory traffic, so the cost model prices them as bytes / achieved bandwidth at t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from calibrate.config import SweepConfig
-from calibrate.progress import progress_bar
+from calibrate.progress import Progress, progress_bar
 from calibrate.timing import (
     Lockstep,
     buffer_sets,
@@ -24,8 +27,11 @@ from sim.units import DTYPE_BYTES
 KERNEL_TENSORS = {"copy": (1, 1), "add": (2, 1), "mul": (2, 1), "gelu": (1, 1)}
 
 
-def _kernel_call(kernel: str, size_bytes: int, dtype: str, device: str, config: SweepConfig):
-    """Random input sets and a ``call(i)`` running ``kernel`` on set ``i`` into preallocated outputs."""
+def _kernel_call(
+    kernel: str, size_bytes: int, dtype: str, device: str, config: SweepConfig
+) -> tuple[Callable[[int], Any], int, int]:
+    """Random input sets and a ``call(i)`` running ``kernel`` on set ``i`` into preallocated outputs.
+    Returns (call, sets, bytes moved per call)."""
     torch = import_torch()
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     numel = max(1, size_bytes // DTYPE_BYTES[dtype])
@@ -44,7 +50,7 @@ def _kernel_call(kernel: str, size_bytes: int, dtype: str, device: str, config: 
         outs = [torch.empty(numel, device=device, dtype=tdtype) for _ in range(n_sets)]
     gelu_out = torch.ops.aten.gelu.out
 
-    def call(i: int):
+    def call(i: int) -> Any:
         a, out = ins[i], outs[i]
         if kernel == "copy":
             return out.copy_(a[0])
@@ -89,7 +95,7 @@ def measure_kernel(
 
 
 def run_membw(
-    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress=progress_bar
+    device: str, config: SweepConfig, lockstep: Lockstep | None = None, progress: Progress = progress_bar
 ) -> dict:
     """The memory section: every (kernel, dtype, size), in ``config.timing.passes`` passes (see
     timing.sweep); an out-of-memory size becomes a skip.

@@ -11,6 +11,7 @@ import platform
 import shutil
 import socket
 import subprocess
+from typing import Any
 
 from calibrate.launch import usable_cores
 from calibrate.timing import import_torch
@@ -55,7 +56,7 @@ def _nvidia_driver() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
 
 
-def _nccl_version(torch) -> str | None:
+def _nccl_version(torch: Any) -> str | None:
     if not torch.distributed.is_nccl_available():
         return None
     v = torch.cuda.nccl.version()

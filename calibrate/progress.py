@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from tqdm import tqdm
+
+
+class Bar(Protocol):
+    """What a section does with its progress bar (tqdm, or a worker's stand-in)."""
+
+    def set_postfix_str(self, what: str, refresh: bool = ...) -> object: ...
+
+    def update(self, n: int = ...) -> object: ...
+
+
+# A section's progress: (description, total points) -> a context manager yielding its bar.
+Progress = Callable[[str, int], AbstractContextManager[Bar]]
 
 
 def progress_bar(desc: str, total: int) -> tqdm:

@@ -119,7 +119,7 @@ def plot_profile(profile: dict, png_path: str | Path) -> Path:
     for i, (dtype, t) in enumerate(fits.get("gemm", {}).items()):
         table = ShapeTable(t["points"], t["min_time_s"], t.get("elem_bytes", 2))
         flops = [2.0 * p[0] * p[1] * p[2] for p in t["points"]]
-        loo = [table.flops_per_s(*p[:3], exclude=j)[0] / 1e12 for j, p in enumerate(t["points"])]
+        loo = [table.flops_per_s(p[0], p[1], p[2], exclude=j)[0] / 1e12 for j, p in enumerate(t["points"])]
         ax.loglog(
             flops, [p[3] / 1e12 for p in t["points"]], "o", ms=4, color=f"C{i}", label=f"{dtype} measured"
         )

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,7 @@ def _measure(name: str, opts: CalibrationOptions, config: SweepConfig, fault: st
 
 
 @contextmanager
-def _device_threads(opts: CalibrationOptions):
+def _device_threads(opts: CalibrationOptions) -> Iterator[None]:
     """On CPU, measure kernels with one device's share of the cores (what each collective worker gets)."""
     torch = import_torch()
     before = torch.get_num_threads()

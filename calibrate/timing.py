@@ -11,17 +11,22 @@ import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from calibrate.config import TimingConfig
 from calibrate.cores import usable_cores
+
+if TYPE_CHECKING:
+    from calibrate.progress import Progress
 
 CARVE_ALIGN_BYTES = 64  # operands carved from a pool are aligned as torch's CPU allocator aligns tensors
 _POOLS: dict = {}  # (dtype, "in" | "out") -> flat CPU tensor that operand sets are carved from
 
 
-def import_torch():
-    """Import torch on first use, so profile loading and fitting never need it."""
+def import_torch() -> ModuleType:
+    """Import torch on first use, so profile loading and fitting never need it (torch stays untyped here:
+    the calibration tool imports it lazily, and ``sim`` never does)."""
     import torch
 
     return torch
@@ -44,6 +49,7 @@ class Timing:
 
 
 T = TypeVar("T")
+P = TypeVar("P", bound=Hashable)  # a sweep point (shape, dtype, ...)
 
 
 class PointFailed(RuntimeError):
@@ -61,7 +67,9 @@ class Lockstep(Protocol):
     def agree(self, inner: int) -> int:
         """The calls per sample all workers use (the largest any worker asked for)."""
 
-    workers: int  # processes timing at once (each with this process's thread count)
+    @property
+    def workers(self) -> int:
+        """Processes timing at once (each with this process's thread count)."""
 
     def barrier(self) -> None:
         """Return when every worker is here (called right before each timed sample)."""
@@ -89,7 +97,7 @@ def set_up_point(build: Callable[[], T], lockstep: Lockstep | None) -> T:
     return built  # type: ignore[return-value]  # check() raised if build() failed
 
 
-def carve(tdtype, kind: str, shapes: list[tuple[int, ...]]) -> list:
+def carve(tdtype: Any, kind: str, shapes: list[tuple[int, ...]]) -> list[Any]:
     """Distinct, aligned CPU operands of ``shapes`` carved from one pool per (dtype, kind): random
     inputs (``kind`` "in"), zeroed (so already faulted-in) outputs ("out"). Generating fresh random sets
     that span the rotation size took most of a point's time on CPU (0.1 s per 64 MiB on one thread); the
@@ -250,16 +258,16 @@ def merge_passes(records: list[dict], work_key: str, rate_key: str) -> dict:
 
 def sweep(
     desc: str,
-    points: Sequence[Hashable],
-    measure: Callable[[Hashable], dict],
+    points: Sequence[P],
+    measure: Callable[[P], dict],
     *,
-    label: Callable[[Hashable], str],
-    skip_record: Callable[[Hashable, str], dict],
+    label: Callable[[P], str],
+    skip_record: Callable[[P, str], dict],
     errors: tuple[type[Exception], ...],
     device: str,
     cfg: TimingConfig,
     lockstep: Lockstep | None,
-    progress,
+    progress: Progress,
     work_key: str,
     rate_key: str,
 ) -> tuple[list[dict], list[dict]]:

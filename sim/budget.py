@@ -16,8 +16,14 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sim.errors import ScenarioError
+from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
+
+if TYPE_CHECKING:
+    from sim.engine.world import World
+    from sim.scenario.schema import Scenario
 
 # About 3e5 engine events per second on one core (benchmarks/engine_speed.py, resnet50-dp-1024xa100-hdr:
 # 4.2 M transfers in ~17 s): 3e7 events is a couple of minutes. Raise it with --max-events.
@@ -68,40 +74,40 @@ def _collective_cost(op: str, algorithm: str, g: int) -> float:
     return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * steps
 
 
-def _symmetric(sc) -> bool:
+def _symmetric(sc: Scenario) -> bool:
     mode = sc.simulation.symmetry
     if mode in ("on", "off"):
         return mode == "on"
     return not sc.cluster.stragglers and sc.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
 
 
-def _params(model) -> float:
-    kind = model.kind
-    if kind == "transformer":
+def _params(model: ModelSpec) -> float:
+    if isinstance(model, TransformerModel):
         from sim.workload.transformer import model_params
 
         return float(model_params(model.to_dims()))
-    if kind == "layers":
+    if isinstance(model, LayersModel):
         return float(sum(layer.params for layer in model.layers))
     return float(getattr(model, "params_per_layer", 0) * getattr(model, "layers", 0))
 
 
-def _layers(model) -> int:
+def _layers(model: ModelSpec) -> int:
     layers = getattr(model, "layers", 1)
     return len(layers) if isinstance(layers, list) else int(layers) + (2 if model.kind == "transformer" else 0)
 
 
-def estimate_work(sc) -> WorkEstimate:
+def estimate_work(sc: Scenario) -> WorkEstimate:
     """Events the simulation of ``sc`` will process (order of magnitude) and where they come from."""
     steps = sc.simulation.steps
-    if sc.is_collective:
-        m = sc.model
+    m = sc.model
+    if isinstance(m, CollectiveModel):
         per = _collective_cost(m.op, m.algorithm, m.ranks)
         runs = steps * m.iterations * len(m.size_bytes)
         return WorkEstimate(runs * per, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
                                         f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs",
                             spans=runs * m.ranks)
     par, tr = sc.parallel, sc.training
+    assert par is not None and tr is not None  # the schema requires both for training models
     p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
     mb = max(1, sc.microbatches)
     layers = _layers(sc.model)
@@ -132,7 +138,7 @@ def estimate_work(sc) -> WorkEstimate:
 
 
 def check_budget(
-    sc, max_events: float | None = None, flag: str = "--max-events", announce: bool = True
+    sc: Scenario, max_events: float | None = None, flag: str = "--max-events", announce: bool = True
 ) -> WorkEstimate:
     """Refuse (one line, exit 2) a scenario whose estimate exceeds the budget; announce long runs."""
     import sys
@@ -185,7 +191,7 @@ PROGRESS_EVERY_S = 10.0
 
 
 @contextmanager
-def progress_on_stderr(world, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
+def progress_on_stderr(world: World, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
     """While a long simulation runs, say every ``every_s`` seconds on stderr how far it has got (wall time,
     transfers, the simulated clock), from a daemon thread that only reads counters."""
     import sys

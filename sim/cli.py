@@ -10,8 +10,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from sim.errors import ScenarioError, SimulationError
+
+if TYPE_CHECKING:
+    from sim.summary import Summary
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,62 +33,59 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.2f} µs"
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(s: Summary) -> str:
     """The human-readable summary printed by ``dtsim run``."""
-    rows: list[tuple[str, str]] = [("scenario", str(summary.get("name")))]
-    if summary.get("workload") == "collective":
-        rows.append(("collective", f"{summary['op']} ({summary['algorithm']}) on {summary['num_gpus']} GPUs"))
+    rows: list[tuple[str, str]] = [("scenario", s.name)]
+    if s.workload == "collective":
+        rows.append(("collective", f"{s.op} ({s.algorithm}) on {s.num_gpus} GPUs"))
         lines = [f"{k:<22} {v}" for k, v in rows]
         lines.append(f"{'size (B)':>14} {'time':>12} {'algbw GB/s':>12} {'busbw GB/s':>12}")
-        for r in summary["collectives"]:
+        for r in s.collectives or []:
             lines.append(f"{r['size_bytes']:>14} {_fmt_time(r['time_s']):>12} {r['algbw_GBps']:>12.2f} "
                          f"{r['busbw_GBps']:>12.2f}")
         return "\n".join(lines)
-    par = summary.get("parallel", {})
+    par = s.parallel or {}
     rows += [
-        ("GPUs", f"{summary['num_gpus']} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
+        ("GPUs", f"{s.num_gpus} (data {par.get('data')} × tensor {par.get('tensor')} × pipeline "
                  f"{par.get('pipeline')}"
                  + (f" × context {par['context']} ({par['context_attention']})" if par.get("context") else "")
                  + (f", expert {par['expert']} of data" if par.get("expert") else "")
                  + f", {par.get('schedule')}, ZeRO {par.get('zero')})"),
-        ("step time", _fmt_time(summary["step_time_s"])),
-        ("throughput", f"{summary['samples_per_s']:.2f} samples/s"
-                       + (f", {summary['tokens_per_s']:.4g} tokens/s" if summary.get("workload") == "transformer" else "")),
-        *([("step time p50/p90/p99", f"{_fmt_time(summary['step_time_p50_s'])} / "
-                                      f"{_fmt_time(summary['step_time_p90_s'])} / "
-                                      f"{_fmt_time(summary['step_time_p99_s'])} over "
-                                      f"{len(summary['step_times_s'])} steps")]
-          if "step_time_p99_s" in summary else []),
-        ("compute / step", _fmt_time(summary["compute_s"])),
-        ("exposed comm / step", _fmt_time(summary["exposed_comm_s"])),
-        ("bubble (idle) fraction", f"{summary['bubble_fraction']:.1%}"),
-        ("pipeline utilisation", f"{summary['pipeline_utilisation']:.1%}"),
+        ("step time", _fmt_time(s.step_time_s)),
+        ("throughput", f"{s.samples_per_s:.2f} samples/s"
+                       + (f", {s.tokens_per_s:.4g} tokens/s" if s.workload == "transformer" else "")),
+        *([("step time p50/p90/p99", f"{_fmt_time(s.step_time_p50_s)} / {_fmt_time(s.step_time_p90_s)} / "
+                                      f"{_fmt_time(s.step_time_p99_s)} over {len(s.step_times_s or [])} steps")]
+          if s.step_time_p50_s is not None and s.step_time_p90_s is not None and s.step_time_p99_s is not None
+          else []),
+        ("compute / step", _fmt_time(s.compute_s)),
+        ("exposed comm / step", _fmt_time(s.exposed_comm_s)),
+        ("bubble (idle) fraction", f"{s.bubble_fraction:.1%}"),
+        ("pipeline utilisation", f"{s.pipeline_utilisation:.1%}"),
     ]
-    if "mfu" in summary:
-        rows.append(("MFU (model FLOPs)", f"{summary['mfu']:.1%} ({summary['model_tflops_per_gpu']:.1f} "
-                                          "TFLOP/s per GPU)"))
-        rows.append(("HFU (with recompute)", f"{summary['hfu']:.1%} "
-                                             f"({summary['hardware_tflops_per_gpu']:.1f} TFLOP/s per GPU)"))
-    if "speedup" in summary:
-        rows.append(("speedup / efficiency", f"{summary['speedup']:.2f}× / {summary['efficiency']:.1%} "
-                                             f"(overhead {summary['overhead_gpu_s']:.4g} GPU·s)"))
-    mb = summary.get("memory_bytes")
+    if s.mfu is not None and s.hfu is not None:
+        rows.append(("MFU (model FLOPs)", f"{s.mfu:.1%} ({s.model_tflops_per_gpu:.1f} TFLOP/s per GPU)"))
+        rows.append(("HFU (with recompute)", f"{s.hfu:.1%} ({s.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU)"))
+    if s.speedup is not None and s.efficiency is not None:
+        rows.append(("speedup / efficiency", f"{s.speedup:.2f}× / {s.efficiency:.1%} "
+                                             f"(overhead {s.overhead_gpu_s:.4g} GPU·s)"))
+    mb = s.memory_bytes
     if mb:
-        fit = "fits" if summary["fits_in_memory"] else (
-            f"DOES NOT FIT: {mb['peak'] / 1e9:.1f} GB > {summary['gpu_memory_bytes'] / 1e9:.0f} GB "
-            f"(+{summary['memory_over_bytes'] / 1e9:.1f} GB)")
+        fit = "fits" if s.fits_in_memory else (
+            f"DOES NOT FIT: {mb['peak'] / 1e9:.1f} GB > {(s.gpu_memory_bytes or 0.0) / 1e9:.0f} GB "
+            f"(+{(s.memory_over_bytes or 0.0) / 1e9:.1f} GB)")
         rows.append(("peak memory / GPU", f"{mb['peak'] / 1e9:.2f} GB (stage {mb['stage']}) — {fit}"))
-        if not summary["fits_in_memory"] and summary.get("memory_fixes"):
-            rows.append(("to make it fit", "; ".join(summary["memory_fixes"][:3])))
-    if "cost_per_step_usd" in summary:
-        c = f"${summary['cost_per_step_usd']:.4g}/step"
-        if "cost_per_1M_tokens_usd" in summary:
-            c += f", ${summary['cost_per_1M_tokens_usd']:.4g}/1M tokens"
+        if not s.fits_in_memory and s.memory_fixes:
+            rows.append(("to make it fit", "; ".join(s.memory_fixes[:3])))
+    if s.cost_per_step_usd is not None:
+        c = f"${s.cost_per_step_usd:.4g}/step"
+        if s.cost_per_1M_tokens_usd is not None:
+            c += f", ${s.cost_per_1M_tokens_usd:.4g}/1M tokens"
         rows.append(("cost", c))
-    if "time_to_train_days" in summary:
-        rows.append(("time to train", f"{summary['time_to_train_days']:.2f} days, "
-                                      f"${summary['cost_to_train_usd']:,.0f}, {summary['energy_to_train_MWh']:.1f} MWh"))
-    rel = summary.get("reliability")
+    if s.time_to_train_days is not None:
+        rows.append(("time to train", f"{s.time_to_train_days:.2f} days, "
+                                      f"${s.cost_to_train_usd:,.0f}, {s.energy_to_train_MWh:.1f} MWh"))
+    rel = s.reliability
     if rel:
         mc = rel.get("monte_carlo")
         mc_txt = (f"; Monte-Carlo {mc['wall_s'] / 86400:.2f} ± {mc['wall_ci95_s'] / 86400:.2f} days"
@@ -95,8 +96,8 @@ def summary_table(summary: dict) -> str:
                                     f"optimum {_fmt_time(rel['optimal_interval_s'])}), "
                                     f"{_fmt_time(rel['checkpoint_blocking_s'])} each; job MTBF "
                                     f"{rel['job_mtbf_hours']:.2f} h"))
-    if summary.get("skipped_steps"):
-        rows.append(("loss scaling", f"{summary['skipped_steps']} step(s) skipped on overflow"))
+    if s.skipped_steps:
+        rows.append(("loss scaling", f"{s.skipped_steps} step(s) skipped on overflow"))
     return "\n".join(f"{k:<22} {v}" for k, v in rows)
 
 
@@ -126,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
             plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
         write_report(staging, out)
-    cal = result.summary.get("calibration") or {}
+    cal = result.summary.calibration or {}
     if cal.get("extrapolated_ops"):
         print(f"dtsim: note: {cal['extrapolated_ops']} op(s) lie outside the shapes the profile measured and are "
               f"extrapolated (first: {cal.get('first_extrapolated_op')})", file=sys.stderr)
@@ -229,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
     """A Python warning as one plain line (no source path and line): users see what, not where."""
     text = str(message).splitlines()[0] if str(message) else category.__name__
     print(f"dtsim: warning: {text}", file=sys.stderr)

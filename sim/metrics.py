@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engine.timeline import COMM_CATEGORIES, COMPUTE_CATEGORIES, STREAM_COMPUTE, Timeline
+from sim.summary import Summary
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -56,9 +57,10 @@ def gpu_breakdown(spans: list, t0: float, t1: float) -> dict[str, float]:
             "idle_s": max(0.0, window - busy - exposed)}
 
 
-def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, num_gpus: int, global_batch: int,
-                     tokens_per_sample: int, peak_flops: float, model_flops: float, hardware_flops: float,
-                     single_gpu_time_s: float) -> dict:
+def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, workload: str, num_gpus: int,
+                     global_batch: int, tokens_per_sample: int, peak_flops: float, model_flops: float,
+                     hardware_flops: float, single_gpu_time_s: float) -> Summary:
+    """The timeline's figures for a training run (layout, memory and cost are added by ``sim.api``)."""
     steps = len(step_ends)
     t_end = step_ends[-1]
     step_time = t_end / steps
@@ -74,33 +76,43 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, n
     idle_fracs = [v["idle_s"] / t_end for v in per_gpu.values()]
     util = [v["compute_s"] / t_end for v in per_gpu.values()]
     samples_per_s = global_batch / step_time
-    out = {
-        "name": name,
-        "step_time_s": step_time,
-        "step_times_s": [b - a for a, b in zip([0.0] + step_ends[:-1], step_ends, strict=True)],
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * tokens_per_sample,
-        "global_batch": global_batch,
-        "num_gpus": num_gpus,
-        "compute_s": compute,
-        "comm_s": comm_total,
-        "exposed_comm_s": exposed,
-        "bubble_fraction": float(np.mean(idle_fracs)),
-        "pipeline_utilisation": float(np.mean(util)),
-    }
+    model_tflops = hardware_tflops = mfu = hfu = None  # None: not in the summary
     if model_flops > 0 and peak_flops > 0:
         # Model FLOPs count the model once (3 × forward); hardware FLOPs add what recomputation re-runs.
         # Papers quote either (Narayanan et al. 2021 count recompute; Chowdhery et al.'s MFU does not).
-        out["model_tflops_per_gpu"] = model_flops / step_time / num_gpus / 1e12
-        out["hardware_tflops_per_gpu"] = hardware_flops / step_time / num_gpus / 1e12
-        out["mfu"] = model_flops / (step_time * num_gpus * peak_flops)
-        out["hfu"] = hardware_flops / (step_time * num_gpus * peak_flops)
+        model_tflops = model_flops / step_time / num_gpus / 1e12
+        hardware_tflops = hardware_flops / step_time / num_gpus / 1e12
+        mfu = model_flops / (step_time * num_gpus * peak_flops)
+        hfu = hardware_flops / (step_time * num_gpus * peak_flops)
+    one_gpu_s = speedup = efficiency = overhead_gpu_s = None
     if single_gpu_time_s > 0:
-        out["single_gpu_time_s"] = single_gpu_time_s
-        out["speedup"] = single_gpu_time_s / step_time
-        out["efficiency"] = out["speedup"] / num_gpus
-        out["overhead_gpu_s"] = num_gpus * step_time - single_gpu_time_s
-    return out
+        one_gpu_s = single_gpu_time_s
+        speedup = single_gpu_time_s / step_time
+        efficiency = speedup / num_gpus
+        overhead_gpu_s = num_gpus * step_time - single_gpu_time_s
+    return Summary(
+        name=name,
+        workload=workload,
+        num_gpus=num_gpus,
+        step_time_s=step_time,
+        step_times_s=[b - a for a, b in zip([0.0] + step_ends[:-1], step_ends, strict=True)],
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * tokens_per_sample,
+        global_batch=global_batch,
+        compute_s=compute,
+        comm_s=comm_total,
+        exposed_comm_s=exposed,
+        bubble_fraction=float(np.mean(idle_fracs)),
+        pipeline_utilisation=float(np.mean(util)),
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hardware_tflops,
+        mfu=mfu,
+        hfu=hfu,
+        single_gpu_time_s=one_gpu_s,
+        speedup=speedup,
+        efficiency=efficiency,
+        overhead_gpu_s=overhead_gpu_s,
+    )
 
 
 def simulated_peak_memory(timeline: Timeline) -> dict[int, float]:

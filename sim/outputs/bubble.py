@@ -6,6 +6,7 @@ The schedule is read from the Timeline (one representative GPU per stage); bubbl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -39,11 +40,13 @@ from sim.outputs.gantt import (
     stages_of,
 )
 from sim.outputs.span_table import span_table
+from sim.summary import SummaryView
 
 FIG_WIDTH_IN = 13.0
 # Up to this many blocks (and as many bubbles, hatched) every one is a rectangle, as in the papers' diagrams;
 # above it, those under WIDE_PX pixels go to the raster layer (hatching thousands of slivers costs seconds).
 VECTOR_BLOCKS_MAX = 2_000
+FloatOrArray = TypeVar("FloatOrArray", float, np.ndarray)  # closed forms work on one m or a grid of them
 PIPELINE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)
 
 
@@ -62,7 +65,7 @@ def idle_gaps(spans: list[Span], t0: float, t1: float) -> list[tuple[float, floa
     return [(start, dur) for start, dur in gaps if dur > 0]
 
 
-def closed_form_bubble(m: float, p: int, virtual_stages: int = 1) -> float:
+def closed_form_bubble(m: FloatOrArray, p: int, virtual_stages: int = 1) -> FloatOrArray:
     """Bubble fraction (p−1)/(v·m+p−1) of GPipe/1F1B (v=1) and interleaved 1F1B (v>1)."""
     return (p - 1) / (virtual_stages * m + p - 1)
 
@@ -77,7 +80,7 @@ def _row_gaps(starts: np.ndarray, ends: np.ndarray, t0: float, t1: float) -> tup
     return gap_start[keep], (gap_end - gap_start)[keep]
 
 
-def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
+def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     """Stage rows (stage 0 on top) × time with blocks, micro-batch numbers and hatched bubbles.
 
     Up to ``VECTOR_BLOCKS_MAX`` blocks every block and bubble is a rectangle; above that, those narrower
@@ -185,7 +188,7 @@ def schedule_figure(timeline: Timeline, summary: dict) -> Figure:
     return fig
 
 
-def plot_schedule(timeline: Timeline, summary: dict, out_stem: Path) -> list[Path]:
+def plot_schedule(timeline: Timeline, summary: SummaryView, out_stem: Path) -> list[Path]:
     """Write the schedule diagram as ``out_stem.png`` and ``out_stem.svg``."""
     return style.save_figure(schedule_figure(timeline, summary), Path(out_stem))
 
@@ -233,7 +236,7 @@ def bubble_vs_microbatches_figure(points: list[tuple[int, float]], p: int, virtu
     if log_x:
         ax.set_xscale("log")
     if 0 < len(ms) <= 12:
-        ax.xaxis.set_major_locator(FixedLocator(ms))
+        ax.xaxis.set_major_locator(FixedLocator(ms.tolist()))
         ax.xaxis.set_minor_locator(NullLocator())
         fmt = ScalarFormatter()
         fmt.set_scientific(False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -85,7 +86,7 @@ def compare_figure(rows: list[dict]) -> Figure:
                 color=style.OOM_COLOR if no_fit else "#222222",
             )
         if key == "peak_memory_GB":
-            caps = {r.get("gpu_memory_GB") for r in rows if r.get("gpu_memory_GB")}
+            caps = {float(r["gpu_memory_GB"]) for r in rows if r.get("gpu_memory_GB")}
             for cap in caps:
                 ax.axvline(cap, color=style.CAPACITY_COLOR, linestyle="--", linewidth=1, zorder=3)
             if caps:
@@ -156,7 +157,7 @@ def sweep_figure(rows: list[dict], keys: list[str] | None = None, title: str = "
             )
         peak = r.get("peak_memory_GB") or 0.0
         bottom.bar([i], [peak], width=0.75, zorder=2, **kw)
-    caps = {r.get("gpu_memory_GB") for r in rows if r.get("gpu_memory_GB")}
+    caps = {float(r["gpu_memory_GB"]) for r in rows if r.get("gpu_memory_GB")}
     for cap in caps:
         bottom.axhline(cap, color=style.CAPACITY_COLOR, linestyle="--", linewidth=1, zorder=3)
     top.set_ylabel("throughput (k tokens/s)")
@@ -183,7 +184,7 @@ def sweep_figure(rows: list[dict], keys: list[str] | None = None, title: str = "
     bottom.set_xticks(
         xs[::step], labels[::step], rotation=60 if turn else 0, ha="right" if turn else "center", fontsize=8
     )
-    handles = [
+    handles: list[Artist] = [
         Patch(color=OK_COLOR, label="fits"),
         Patch(
             facecolor="white",

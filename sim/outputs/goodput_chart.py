@@ -11,6 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from sim.outputs import style
+from sim.summary import SummaryView
 
 CURVE_COLOR = "#0072B2"  # Okabe–Ito blue, as in the other charts
 OPTIMUM_COLOR = "#009E73"
@@ -21,7 +22,7 @@ def _time_label(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
-def goodput_figure(summary: dict) -> Figure:
+def goodput_figure(summary: SummaryView) -> Figure:
     rel = summary["reliability"]
     xs = [p["interval_s"] / 60 for p in rel["curve"]]
     ys = [100 * p["goodput"] for p in rel["curve"]]
@@ -57,6 +58,6 @@ def goodput_figure(summary: dict) -> Figure:
     return fig
 
 
-def plot_goodput(summary: dict, out_stem: Path) -> list[Path]:
+def plot_goodput(summary: SummaryView, out_stem: Path) -> list[Path]:
     """Write the goodput chart as ``out_stem.png`` and ``out_stem.svg``."""
     return style.save_figure(goodput_figure(summary), Path(out_stem))

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from sim.outputs import style
+from sim.summary import SummaryView
 from sim.units import GB
 
 MANY_STAGES = 12  # above this many bars, labels turn vertical and per-bar totals are dropped
 
 
-def over_capacity(summary: dict) -> dict[int, float]:
+def over_capacity(summary: SummaryView) -> dict[int, float]:
     """Stage → bytes above capacity, for every stage whose peak (or stacked total) exceeds the GPU memory."""
     capacity = summary.get("gpu_memory_bytes")
     if capacity is None:
@@ -32,7 +34,7 @@ def _need_bytes(row: dict) -> float:
     return max(stacked, float(row.get("peak", 0.0)))
 
 
-def memory_figure(summary: dict) -> Figure:
+def memory_figure(summary: SummaryView) -> Figure:
     """Stacked weights / gradients / optimizer / activations / buffers per stage, capacity line, OOM marks."""
     rows = sorted(summary.get("memory_by_stage", []), key=lambda r: int(r["stage"]))
     n = len(rows)
@@ -99,7 +101,7 @@ def memory_figure(summary: dict) -> Figure:
                 color="#333333",
             )
 
-    handles = [Patch(facecolor=style.MEMORY_COLORS[c], label=c) for c in reversed(style.MEMORY_COMPONENTS)]
+    handles: list[Artist] = [Patch(facecolor=style.MEMORY_COLORS[c], label=c) for c in reversed(style.MEMORY_COMPONENTS)]
     ymax = max(tops, default=1.0)
     if capacity is not None:
         cap_gb = float(capacity) / GB
@@ -139,7 +141,7 @@ def memory_figure(summary: dict) -> Figure:
     fits = summary.get("fits_in_memory", not over)
     verdict = "fits in memory" if fits else "does NOT fit in memory"
     if over:
-        worst = max(over, key=over.get)
+        worst = max(over, key=lambda s: over[s])
         verdict += f" (worst: stage {worst}, +{over[worst] / GB:.1f} GB)"
     name = f" · {summary['name']}" if summary.get("name") else ""
     fig.suptitle(
@@ -150,6 +152,6 @@ def memory_figure(summary: dict) -> Figure:
     return fig
 
 
-def plot_memory(summary: dict, out_stem: Path) -> list[Path]:
+def plot_memory(summary: SummaryView, out_stem: Path) -> list[Path]:
     """Write the memory chart as ``out_stem.png`` and ``out_stem.svg``."""
     return style.save_figure(memory_figure(summary), Path(out_stem))

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from sim.outputs.writers import atomic_write_text
+from sim.summary import SummaryView
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 CHART_ORDER = ("gantt", "pipeline", "memory", "compare", "sweep")  # the rest follow alphabetically
@@ -54,7 +55,7 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1e6:.2f} µs"
 
 
-def _summary_rows(s: dict) -> list[tuple[str, str]]:
+def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
     """(label, HTML) pairs for a run's summary: the figures ``dtsim run`` prints."""
     rows: list[tuple[str, str]] = [("scenario", _e(s.get("name", "")))]
     if s.get("workload") == "collective":

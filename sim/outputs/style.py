@@ -16,6 +16,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 from sim.engine import timeline as tl
 from sim.outputs.writers import atomic_open
+from sim.summary import SummaryView
 from sim.units import MS, US
 
 # Category → fill colour. Compute categories (Okabe–Ito) and communication categories (Tol muted) live on
@@ -154,16 +155,15 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
         engine.execute(fig)
         fig.set_layout_engine("none")
     written = []
-    rc = {"svg.fonttype": "none", "svg.hashsalt": "dtsim"}
     for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
         final = out_stem.with_name(f"{out_stem.name}.{fmt}")
-        with atomic_open(final, "wb") as fh, matplotlib.rc_context(rc):
+        with atomic_open(final, "wb") as fh, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dtsim"}):
             fig.savefig(fh, format=fmt, dpi=PNG_DPI, metadata=metadata)
         written.append(final)
     return written
 
 
-def title_figures(summary: dict) -> str:
+def title_figures(summary: SummaryView) -> str:
     """Key figures of a run for a chart title: name, GPUs, step time, bubble, MFU (those present)."""
     parts = []
     if summary.get("name"):

@@ -10,10 +10,10 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -69,9 +69,9 @@ def atomic_text(path: Path, gzip_level: int | None = None) -> Iterator[IO[str]]:
                 yield text
 
 
-def summary_json(summary: dict) -> str:
+def summary_json(summary: Mapping[str, Any]) -> str:
     """Stable text: sorted keys, so the same scenario and seed give byte-identical files."""
-    return json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
+    return json.dumps(dict(summary), indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
 
 
 CSV_HEADER = "gpu,stream,name,category,start_s,dur_s,end_s,microbatch,bytes\n"

@@ -18,6 +18,7 @@ becomes a ring block the executor repeats cp times, or an all-gather followed by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from sim.units import DTYPE_BYTES
@@ -46,7 +47,7 @@ def _scaled(op: Op, factor: int) -> Op:
     return replace(op, flops=op.flops * factor, bytes=op.bytes * factor, batch=op.batch * factor)
 
 
-def _split(segments: tuple[tf.Segment, ...], attention_block: callable) -> tuple[tf.Segment, ...]:
+def _split(segments: tuple[tf.Segment, ...], attention_block: Callable[[Op], list[tf.Segment]]) -> tuple[tf.Segment, ...]:
     """Cut every segment holding an attention op into: the ops before, the attention block(s), the ops
     after with the segment's own collective."""
     out: list[tf.Segment] = []

@@ -8,12 +8,17 @@ failure-free time to train (steps × simulated step time), the model-state bytes
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from sim import memory as mem
 from sim.errors import ScenarioError
 from sim.hardware.links import INTRA_PRESETS
 from sim.run import reliability as rel
 from sim.units import GB
+
+if TYPE_CHECKING:
+    from sim.scenario.schema import Scenario
+    from sim.summary import Summary
 
 # Device→host snapshot bandwidth for async checkpoints when none is given: one PCIe 4.0 x16 link at the
 # efficiency of the pcie4 link preset (31.5 GB/s per direction × 0.8; see sim/hardware/links.py).
@@ -25,19 +30,22 @@ MAX_EXPOSURE = 30.0
 MAX_MC_FAILURES = 200_000
 
 
-def checkpoint_bytes(scenario, params_total: float) -> float:
+def checkpoint_bytes(scenario: Scenario, params_total: float) -> float:
     """Bytes one checkpoint writes: the weights and optimizer states of the whole model (not gradients)."""
     tr = scenario.training
+    assert tr is not None
     st = mem.model_state_bytes(params_total, zero_stage=0, dp=1, precision=tr.precision,
                                optimizer="sgd" if tr.optimizer == "sgd" else "adam")
     return st["weights"] + st["optimizer"]
 
 
-def plan_for(scenario, summary: dict, params_total: float) -> tuple[rel.Plan, dict]:
+def plan_for(scenario: Scenario, summary: Summary, params_total: float) -> tuple[rel.Plan, dict[str, Any]]:
     """The run to evaluate (checkpoint interval resolved) and the figures that went into it."""
     r, c = scenario.reliability, scenario.cluster
-    step = summary["step_time_s"]
-    work = summary["time_to_train_s"]
+    assert r is not None  # only runs with a reliability section get here
+    step = summary.step_time_s
+    work = summary.time_to_train_s
+    assert work is not None  # the schema requires tokens or train_steps with reliability
     links = c.nodes * c.nics_per_node if c.nodes > 1 else 0
     mtbf = rel.job_mtbf_s(gpus=c.total_gpus, gpu_mtbf_hours=r.gpu_mtbf_hours, nodes=c.nodes,
                           node_mtbf_hours=r.node_mtbf_hours, links=links, link_mtbf_hours=r.link_mtbf_hours)
@@ -83,7 +91,7 @@ def plan_for(scenario, summary: dict, params_total: float) -> tuple[rel.Plan, di
     return plan, facts
 
 
-def reliability_summary(scenario, summary: dict, params_total: float) -> dict:
+def reliability_summary(scenario: Scenario, summary: Summary, params_total: float) -> dict[str, Any]:
     """The ``reliability`` block of summary.json: closed forms, Monte-Carlo, effective cost, chart curve."""
     plan, out = plan_for(scenario, summary, params_total)
     price = scenario.gpu.price_per_gpu_hour * scenario.total_gpus / rel.HOUR_S  # USD per wall second
@@ -93,6 +101,7 @@ def reliability_summary(scenario, summary: dict, params_total: float) -> dict:
     out["goodput"] = closed.goodput
     out["effective_cost_usd"] = closed.wall_s * price
     out["failure_free_cost_usd"] = plan.work_s * price
+    assert scenario.reliability is not None
     trials = scenario.reliability.monte_carlo_trials
     if trials and closed.failures * trials > MAX_MC_FAILURES * 10:
         out["monte_carlo"] = {"skipped": f"{closed.failures:.3g} failures per run × {trials} runs is too many "

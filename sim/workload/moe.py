@@ -173,6 +173,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     head = ((seg((add2_b,), REDUCE_SCATTER_TP, comm_bytes), seg((unpermute_b,), ep_comm, a2a)) if regather
             else (seg((add2_b,), None, 0.0), seg((unpermute_b,), ep_comm, a2a)))
     experts_b = seg((tf._dgrad(down), act_b, tf._dgrad(up)), ep_comm, a2a)
+    tail: tuple[tf.Segment, ...]
     if sp:
         tail = (seg((permute_b, router_b, norm2_b, add1_b), tf._conjugate(after_row, t), comm_bytes),
                 seg(attn_grads, grad_col, comm_bytes), seg((norm1_b,), None, 0.0))

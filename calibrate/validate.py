@@ -36,6 +36,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.launch import CalibrationError, HostLoad, cpu_threads_per_device
@@ -241,17 +242,17 @@ def _measure_quietly(job: ValidationJob, device: str, threads: int | None, timeo
     """Run ``job`` up to ``MAX_TRIES`` times while the machine is noisy (other processes busy before, during
     or after it, or a wide spread of step times); keep the quietest try. Each try records the background
     load measured before and after it and the noise band of its step times."""
-    tries = []
+    tries: list[dict[str, Any]] = []
     for _ in range(MAX_TRIES):
         before = background_load()
         real = run_real(job, device, threads, timeout_s)
         after = background_load()
         loads = [x for x in (before, real.get("other_load_cores"), after) if x is not None]
-        tries.append({"real": real, "before": before, "after": after, "load": max(loads, default=0.0),
-                      "band": noise_band(real["step_times_s"])})
-        if tries[-1]["load"] < BUSY_CORES and tries[-1]["band"] <= NOISE_MAX:
+        load, band = max(loads, default=0.0), noise_band(real["step_times_s"])
+        tries.append({"real": real, "before": before, "after": after, "load": load, "band": band})
+        if load < BUSY_CORES and band <= NOISE_MAX:
             break
-    best = min(tries, key=lambda t: (t["load"] >= BUSY_CORES, t["band"], t["load"]))
+    best = min(tries, key=lambda t: (bool(t["load"] >= BUSY_CORES), float(t["band"]), float(t["load"])))
     return {**best, "tries": len(tries)}
 
 

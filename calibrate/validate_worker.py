@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from calibrate.launch import PROGRESS_TAG, READY_TAG, WORKER_FLAG, init_distributed, run_workers, worker_entry
 from calibrate.timing import import_torch
@@ -76,7 +77,7 @@ def _train_step_fn(job: ValidationJob, rank: int, device) -> Callable[[], None]:
     xs = [batch(w_in).requires_grad_(True) for _ in range(job.microbatches)] if first else []
     ys = [batch(w_out) for _ in range(job.microbatches)] if last else []
 
-    def step() -> None:
+    def pipeline_step() -> None:
         opt.zero_grad(set_to_none=True)
         for x in xs:
             x.grad = None
@@ -108,10 +109,11 @@ def _train_step_fn(job: ValidationJob, rank: int, device) -> Callable[[], None]:
                 if not first:
                     pending.append((dist.isend(inp.grad, dst=stage - 1), inp.grad))
         for work, _ in pending:
-            work.wait()
+            if work is not None:
+                work.wait()
         opt.step()
 
-    return step
+    return pipeline_step
 
 
 def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
@@ -119,7 +121,8 @@ def _worker_run(job: dict, emit: Callable[[str], None]) -> dict | None:
     torch = import_torch()
     import torch.distributed as dist  # torch: optional, imported where a worker runs
 
-    spec = ValidationJob(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["job"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in job["job"].items()}
+    spec = ValidationJob(**fields)
     torch.set_float32_matmul_precision("high" if spec.dtype == "tf32" else "highest")
     rank, world, device, _ = init_distributed(job["device"], job["stall_timeout_s"] + 30)
     try:

@@ -65,7 +65,7 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
         for row in csv.DictReader(f):
             if None in row.values() or None in row:
                 raise ValueError(f"line {len(tl.spans) + 2} has the wrong number of fields")
-            args = {}
+            args: dict[str, float] = {}
             if row["microbatch"] != "":
                 args["microbatch"] = int(row["microbatch"])
             if row["bytes"] != "":

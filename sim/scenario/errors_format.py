@@ -8,6 +8,7 @@ and pydantic's internal markers removed), shows the offending value, states the 
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -102,7 +103,7 @@ def _describe(parent: Any, name: Any) -> str:
     return ""
 
 
-def _rule_fix(err: dict[str, Any], path: list[Any], ann: Any, parent: Any) -> tuple[str, str, str]:
+def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) -> tuple[str, str, str]:
     """(value, rule, fix) for one pydantic error."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     last = str(path[-1]) if path else "value"
@@ -179,7 +180,7 @@ def _rule_fix(err: dict[str, Any], path: list[Any], ann: Any, parent: Any) -> tu
 
 
 def format_error(
-    err: dict[str, Any], root: type[BaseModel], origins: dict[str, str] | None = None
+    err: Mapping[str, Any], root: type[BaseModel], origins: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """(field, message) for one pydantic error dict."""
     path, ann, parent = clean_path(root, err["loc"])

@@ -301,7 +301,7 @@ def apply_override(data: dict[str, Any], path: list[Any], value: Any) -> None:
         model = unwrap(ann)
         tags = union_tags(model)
         if tags:
-            model = tags.get(node.get("kind")) if isinstance(node, dict) else None
+            model = tags.get(str(node.get("kind"))) if isinstance(node, dict) else None
         if is_model(model) and seg not in model.model_fields:
             names = allowed_keys(model)
             raise _bad_path(

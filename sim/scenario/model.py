@@ -359,7 +359,7 @@ class LayerSpec(_Strict):
                 "in_features", show(self.in_features), "give both in_features and out_features or neither",
                 "add the missing one",
             )
-        if self.in_features is not None:
+        if self.in_features is not None and self.out_features is not None:
             expect = 2.0 * self.in_features * self.out_features
             if abs(self.forward_flops - expect) > 0.01 * expect:
                 raise RuleError(

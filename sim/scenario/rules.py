@@ -73,7 +73,8 @@ def _stages(sc: Scenario) -> None:
 def _experts(sc: Scenario) -> None:
     p, m = sc.parallel, sc.model
     shared = getattr(m, "shared_experts", None)
-    if p is not None and shared and (shared * (m.expert_ffn_hidden or m.ffn_hidden)) % p.tensor:
+    width = getattr(m, "expert_ffn_hidden", None) or getattr(m, "ffn_hidden", None)
+    if p is not None and shared and width and (shared * width) % p.tensor:
         raise RuleError("model.shared_experts", show(shared),
                         f"the shared experts' width shared_experts × expert_ffn_hidden must divide by "
                         f"tensor = {p.tensor} (they are split like the dense MLP)", "change tensor or the widths")

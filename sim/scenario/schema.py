@@ -221,7 +221,7 @@ class Scenario(_Strict):
         data = self.model_dump(mode="python")
         for path in OPTIONAL_KEYS:  # absent optional keys stay absent (older resolved files unchanged)
             *parents, key = path
-            node = data
+            node: Any = data
             for part in parents:
                 node = node.get(part) if isinstance(node, dict) else None
             if isinstance(node, dict) and node.get(key, 0) is None:

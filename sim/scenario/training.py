@@ -135,7 +135,7 @@ class Training(_Strict):
     @field_validator(
         "checkpointing",
         mode="before",
-        json_schema_input_type=Literal[CHECKPOINTING_KINDS] | Checkpointing,  # type: ignore[valid-type]
+        json_schema_input_type=Literal[CHECKPOINTING_KINDS] | Checkpointing,
     )
     @classmethod
     def _checkpointing(cls, value: Any) -> Any:

@@ -343,6 +343,8 @@ def layer_ops(
     mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)
     add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act)
 
+    forward: tuple[Segment, ...]
+    backward_input: tuple[Segment, ...]
     if sp:
         forward = (
             _seg((norm1,), before_col, comm_bytes),
@@ -470,6 +472,7 @@ def head_ops(
         _seg((ce_sum_exp,), small_comm, small),
         _seg((ce_loss,), None, 0.0),
     )
+    forward: tuple[Segment, ...]
     if sp:
         forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, ce_max), small_comm, small), *ce)
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sim.errors import ScenarioError, SimulationError
+from sim.units import format_seconds
 
 if TYPE_CHECKING:
     from sim.summary import Summary
@@ -25,14 +26,6 @@ class _Parser(argparse.ArgumentParser):
         raise ScenarioError(f"{message}; see `{self.prog} --help`", "command line")
 
 
-def _fmt_time(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.2f} µs"
-
-
 def summary_table(s: Summary) -> str:
     """The human-readable summary printed by ``dtsim run``."""
     rows: list[tuple[str, str]] = [("scenario", s.name)]
@@ -41,7 +34,7 @@ def summary_table(s: Summary) -> str:
         lines = [f"{k:<22} {v}" for k, v in rows]
         lines.append(f"{'size (B)':>14} {'time':>12} {'algbw GB/s':>12} {'busbw GB/s':>12}")
         for r in s.collectives or []:
-            lines.append(f"{r['size_bytes']:>14} {_fmt_time(r['time_s']):>12} {r['algbw_GBps']:>12.2f} "
+            lines.append(f"{r['size_bytes']:>14} {format_seconds(r['time_s']):>12} {r['algbw_GBps']:>12.2f} "
                          f"{r['busbw_GBps']:>12.2f}")
         return "\n".join(lines)
     par = s.parallel or {}
@@ -51,15 +44,15 @@ def summary_table(s: Summary) -> str:
                  + (f" × context {par['context']} ({par['context_attention']})" if par.get("context") else "")
                  + (f", expert {par['expert']} of data" if par.get("expert") else "")
                  + f", {par.get('schedule')}, ZeRO {par.get('zero')})"),
-        ("step time", _fmt_time(s.step_time_s)),
+        ("step time", format_seconds(s.step_time_s)),
         ("throughput", f"{s.samples_per_s:.2f} samples/s"
                        + (f", {s.tokens_per_s:.4g} tokens/s" if s.workload == "transformer" else "")),
-        *([("step time p50/p90/p99", f"{_fmt_time(s.step_time_p50_s)} / {_fmt_time(s.step_time_p90_s)} / "
-                                      f"{_fmt_time(s.step_time_p99_s)} over {len(s.step_times_s or [])} steps")]
+        *([("step time p50/p90/p99", f"{format_seconds(s.step_time_p50_s)} / {format_seconds(s.step_time_p90_s)} / "
+                                      f"{format_seconds(s.step_time_p99_s)} over {len(s.step_times_s or [])} steps")]
           if s.step_time_p50_s is not None and s.step_time_p90_s is not None and s.step_time_p99_s is not None
           else []),
-        ("compute / step", _fmt_time(s.compute_s)),
-        ("exposed comm / step", _fmt_time(s.exposed_comm_s)),
+        ("compute / step", format_seconds(s.compute_s)),
+        ("exposed comm / step", format_seconds(s.exposed_comm_s)),
         ("bubble (idle) fraction", f"{s.bubble_fraction:.1%}"),
         ("pipeline utilisation", f"{s.pipeline_utilisation:.1%}"),
     ]
@@ -92,9 +85,9 @@ def summary_table(s: Summary) -> str:
                   if mc and "wall_s" in mc else "")
         rows.append(("with failures", f"{rel['expected_time_to_train_days']:.2f} days, goodput "
                                       f"{rel['goodput']:.1%}, ${rel['effective_cost_usd']:,.0f}{mc_txt}"))
-        rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({_fmt_time(rel['interval_s'])}; "
-                                    f"optimum {_fmt_time(rel['optimal_interval_s'])}), "
-                                    f"{_fmt_time(rel['checkpoint_blocking_s'])} each; job MTBF "
+        rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({format_seconds(rel['interval_s'])}; "
+                                    f"optimum {format_seconds(rel['optimal_interval_s'])}), "
+                                    f"{format_seconds(rel['checkpoint_blocking_s'])} each; job MTBF "
                                     f"{rel['job_mtbf_hours']:.2f} h"))
     if s.skipped_steps:
         rows.append(("loss scaling", f"{s.skipped_steps} step(s) skipped on overflow"))

@@ -1,4 +1,5 @@
-"""Unit constants. Everything inside dtsim is SI: seconds, bytes, bytes/s, FLOP/s."""
+"""Unit constants, and the two ways dtsim prints a duration. Everything inside dtsim is SI: seconds, bytes,
+bytes/s, FLOP/s."""
 
 KB = 1e3
 MB = 1e6
@@ -13,3 +14,21 @@ TFLOPS = 1e12
 
 # Bytes per element of each precision name used in scenarios.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration with 3 decimals in s, ms or µs: the run summary's fixed-point style."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= MS:
+        return f"{seconds / MS:.3f} ms"
+    return f"{seconds / US:.2f} µs"
+
+
+def format_duration(seconds: float) -> str:
+    """3 significant digits in s, ms or µs, never an exponent: tables and chart titles."""
+    for scale, unit in ((1.0, "s"), (MS, "ms"), (US, "µs")):
+        if abs(seconds) >= scale or unit == "µs":
+            value = seconds / scale
+            return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+    return f"{seconds} s"  # pragma: no cover

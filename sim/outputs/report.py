@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sim.outputs.writers import atomic_write_text
 from sim.summary import SummaryView
+from sim.units import format_seconds
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 CHART_ORDER = ("gantt", "pipeline", "memory", "compare", "sweep")  # the rest follow alphabetically
@@ -47,20 +48,12 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _fmt_s(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.2f} µs"
-
-
 def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
     """(label, HTML) pairs for a run's summary: the figures ``dtsim run`` prints."""
     rows: list[tuple[str, str]] = [("scenario", _e(s.get("name", "")))]
     if s.get("workload") == "collective":
         rows.append(("collective", _e(f"{s.get('op')} ({s.get('algorithm')}) on {s.get('num_gpus')} GPUs")))
-        rows.append(("time", _e(_fmt_s(float(s.get("step_time_s", 0.0))))))
+        rows.append(("time", _e(format_seconds(float(s.get("step_time_s", 0.0))))))
         return rows
     par = s.get("parallel", {})
     if par:
@@ -76,14 +69,14 @@ def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
             )
         )
     for key, label, fmt in (
-        ("step_time_s", "step time", _fmt_s),
+        ("step_time_s", "step time", format_seconds),
         (
             "tokens_per_s",
             "throughput",
             lambda x: f"{s.get('samples_per_s', 0.0):.4g} samples/s, {x:,.0f} tokens/s",
         ),
-        ("compute_s", "compute / step", _fmt_s),
-        ("exposed_comm_s", "exposed communication / step", _fmt_s),
+        ("compute_s", "compute / step", format_seconds),
+        ("exposed_comm_s", "exposed communication / step", format_seconds),
         ("bubble_fraction", "bubble (idle) fraction", lambda x: f"{x:.1%}"),
         ("mfu", "MFU / HFU", lambda x: f"{x:.1%} / {s.get('hfu', 0.0):.1%}"),
     ):

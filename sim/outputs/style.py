@@ -17,7 +17,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from sim.engine import timeline as tl
 from sim.outputs.writers import atomic_open
 from sim.summary import SummaryView
-from sim.units import MS, US
+from sim.units import MS, US, format_duration
 
 # Category → fill colour. Compute categories (Okabe–Ito) and communication categories (Tol muted) live on
 # different rows of a Gantt chart, so the two palettes only have to be distinct within themselves.
@@ -130,15 +130,6 @@ def time_scale(extent_s: float) -> tuple[float, str]:
     if extent_s < 2.0:
         return 1 / MS, "ms"
     return 1.0, "s"
-
-
-def format_duration(seconds: float) -> str:
-    """A duration with 3 significant digits in the unit its size calls for."""
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    if seconds >= MS:
-        return f"{seconds / MS:.3g} ms"
-    return f"{seconds / US:.3g} µs"
 
 
 def save_figure(fig: Figure, out_stem: Path) -> list[Path]:

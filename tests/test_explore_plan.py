@@ -13,7 +13,8 @@ from sim.api import simulate
 from sim.cli import main
 from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimator
-from sim.explore.plan import candidate_of, enumerate_candidates, plan
+from sim.explore.plan import plan
+from sim.explore.search import candidate_of, enumerate_candidates
 from sim.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,10 @@ def test_screen_prices_collectives_with_the_simulators_tuner(tmp_path):
     topo = topology_for(sc, cost_model_for(sc))
     group = [0, 2, 4, 6]  # t = 2: data-parallel peers two ranks apart, two per node
     expected = choose("all_reduce", "dp", 64e6, topo, group, comm_config_for(sc, topo)).predicted_s
-    assert est.collective_s("all_reduce", "dp", group, 64e6) == pytest.approx(expected, rel=1e-12)
+    # The screen takes the tuner's fastest closed-form prediction (the tuner may prefer a candidate within
+    # 30 % of it after timing both on idle links).
+    got = est.collective_s("all_reduce", "dp", group, 64e6)
+    assert expected / 1.3 <= got <= expected
     # Groups on later nodes are priced on the same pattern moved to the first nodes: same price.
     assert est.collective_s("all_reduce", "dp", [4, 6], 8e6) == est.collective_s("all_reduce", "dp", [0, 2], 8e6)
 

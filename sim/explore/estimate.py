@@ -4,8 +4,9 @@ A candidate is priced in microseconds instead of simulated in seconds, with the 
 model: the per-layer blocks are the ones ``sim.build`` makes (kernel set, fp32 main gradients, the
 main_grad accumulation pass, host dispatch bound, Megatron's optimizer and gradient-norm passes), and
 every collective (tensor-parallel, data-parallel buckets, pipeline send/recv, gradient-norm and
-embedding all-reduces) is priced by the simulator's collective tuner (``sim.engine.algorithms.choose``)
-on the candidate's real group shape over the scenario's topology, calibrated links included. Only the
+embedding all-reduces) is priced by the simulator's collective tuner (``sim.engine.algorithms``: its
+candidates and closed-form ``predict_s``) on the candidate's real group shape over the scenario's
+topology, calibrated links included. Only the
 pipeline is a closed form: the bubble (p − 1)/(v·m + p − 1) and the exposed gradient sync.
 
 Memory is not re-derived here: the ZeRO model-state formula gives a cheap lower bound for pruning, and
@@ -154,7 +155,6 @@ class Estimator:
         # GPU indices, so the same NICs), so a screen of a huge cluster never builds it.
         self._topos: dict[int, object] = {}
         self.comm = alg.comm_config_for(scenario, self._topology(1))
-        self._choices: dict = {}
         self._priced: dict = {}
         self._times = lru_cache(maxsize=None)(self._layer_times)
 
@@ -177,8 +177,14 @@ class Estimator:
         t = self._priced.get(key)
         if t is None:
             topo = self._topology(len(nodes))
-            choice = alg.choose(op, kind, n_bytes, topo, local, self.comm, self._choices)
-            t = self._priced[key] = choice.predicted_s
+            shape = alg.group_shape(topo, local)
+            # The tuner's closed-form predictions, fastest first (``choose`` without its refinement, which
+            # times near-tied candidates by simulating them: ~70 % of a 175B screen's time for < 30 %).
+            t = self._priced[key] = min(
+                alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm)
+                for a in alg.candidates(op, kind, shape, self.comm, topo)
+                for proto in alg.PIPELINE_PROTOCOLS.get(a, ("Simple",))
+            )
         return t
 
     def _tp_group(self, t: int) -> list[int]:

@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 from sim.explore.estimate import Candidate, Estimator
-from sim.explore.plan import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
+from sim.explore.search import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
 
 GB = 1e9
 CHECKPOINT_WHAT = {

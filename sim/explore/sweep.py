@@ -28,6 +28,7 @@ from sim.explore.table import (
     text_table,
 )
 from sim.outputs.writers import atomic_write_text
+from sim.scenario.load import apply_overrides, read_scenario_file, scenario_from_dict
 
 MAX_POINTS = 10_000
 
@@ -125,8 +126,6 @@ def expand(
     base_dir: Path | None = None,
 ) -> list[Point]:
     """Every grid point validated against the schema (invalid ones keep their reason)."""
-    from sim.scenario.load import apply_overrides, scenario_from_dict
-
     keys = [k for k, _ in grid]
     data_fixed = "parallel.data" in keys or any(
         o.partition("=")[0].strip() == "parallel.data" for o in overrides
@@ -167,8 +166,6 @@ def sweep(
     progress: bool = True,
 ) -> list[dict]:
     """Simulate every valid grid point; one row per point (invalid ones too), in grid order."""
-    from sim.scenario.load import read_scenario_file
-
     grid = parse_grid(grid_items)
     base = read_scenario_file(path)
     base_dir = Path(path).expanduser().resolve().parent
@@ -250,7 +247,7 @@ def write_sweep(
     atomic_write_text(out_dir / "sweep.csv", csv_text(rows, columns))
     files = [out_dir / "sweep.csv"]
     if charts:
-        from sim.outputs.compare_chart import plot_sweep
+        from sim.outputs.compare_chart import plot_sweep  # lazy: matplotlib, only when charts are drawn
 
         files += plot_sweep(rows, out_dir / "sweep", keys, title)
     return files

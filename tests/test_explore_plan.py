@@ -218,3 +218,20 @@ def test_plan_cli_writes_table_csv_best_yaml_and_report(tmp_path, capsys):
     best = load_scenario(out / "best.yaml")  # loads back: a runnable scenario
     assert best.total_gpus == 8 and best.training.global_batch == 32
     assert (out / "plan.txt").exists() and (out / "report.html").exists()
+
+
+def test_twins_are_zero_or_attention_recompute_variants_with_close_estimates():
+    """The planner skips simulating a candidate that differs from one already chosen only in ZeRO stage or in
+    checkpointing none vs selective, when their estimates are within 0.5 %; anything else is simulated."""
+    from sim.explore.estimate import Estimate
+    from sim.explore.plan import _twin
+    from sim.explore.search import Screened
+
+    def s(c: Candidate, step: float) -> Screened:
+        return Screened(c, c.gpus, Estimate(step, 0, 0, 0, 0, 0, 0, 0, 0), -1 / step)
+
+    a = Candidate(4, 2, 1, 4, "1f1b", 1, 1, "none", True)
+    assert _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 2, "selective", True), 1.004))
+    assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 2, "selective", True), 1.01))
+    assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 1, "full", True), 1.0))
+    assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 2, "1f1b", 1, 1, "none", True), 1.0))

@@ -83,10 +83,16 @@ def _candidate_data(base_data: dict, overrides: list[str], s: Screened, per_node
 
 
 def _twin(a: Screened, b: Screened) -> bool:
-    """Candidates differing only in ZeRO stage with estimates within 0.5%: simulating both teaches little."""
+    """Candidates differing only in ZeRO stage or in keeping vs recomputing the attention core (checkpointing
+    none / selective), with estimates within 0.5%: simulating both teaches little (a 175B simulation costs
+    minutes on two cores), so the simulated slots go to different layouts."""
+    def core(s: Screened):
+        ck = "none" if s.candidate.checkpointing == "selective" else s.candidate.checkpointing
+        return replace(s.candidate, zero=0, checkpointing=ck)
+
     return (
         a.gpus == b.gpus
-        and replace(a.candidate, zero=0) == replace(b.candidate, zero=0)
+        and core(a) == core(b)
         and abs(a.estimate.step_time_s / b.estimate.step_time_s - 1) < 0.005
     )
 

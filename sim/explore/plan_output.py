@@ -61,6 +61,12 @@ def _simulated_text(result: PlanResult) -> str:
     return f"the top {top}" + (" + the given configuration" if extra else "")
 
 
+def _sim_walls(result: PlanResult) -> str:
+    """Each simulation's own wall time, in rank order: where a plan's time goes."""
+    walls = [r.get("sim_wall_s") for r in result.rows]
+    return "each " + ", ".join("—" if w is None else f"{w:.1f}" for w in walls) + " s, in rank order"
+
+
 def stats_text(result: PlanResult, workers: int | None) -> str:
     """How many candidates each filter removed and how long each phase took."""
     st = result.stats
@@ -74,9 +80,9 @@ def stats_text(result: PlanResult, workers: int | None) -> str:
         f"  {st['screened']:,} screened by closed forms in {st['screen_s']:.2f} s",
         f"  exact memory (sim.build) checked for {st['exact_checks']:,} in estimate order in "
         f"{st['verify_s']:.2f} s: "
-        f"{st['exact_no_fit']:,} do not fit, {st['invalid']} invalid, {st['twins']} ZeRO-only twins skipped",
+        f"{st['exact_no_fit']:,} do not fit, {st['invalid']} invalid, {st['twins']} ZeRO/checkpointing twins skipped",
         f"  simulated {_simulated_text(result)} in {st['simulate_s']:.1f} s with "
-        f"{workers or default_workers()} workers",
+        f"{workers or default_workers()} workers ({_sim_walls(result)})",
     ]
     return "\n".join(lines)
 
@@ -129,6 +135,7 @@ PLAN_COLUMNS = [
     "cost_per_step_usd",
     "cost_per_1M_tokens_usd",
     "time_to_train_days",
+    "sim_wall_s",
 ]
 
 

@@ -337,7 +337,7 @@ class Estimator:
         tail += opt.dur_s
         if self.scenario.training.loss_scaling.kind != "none":
             _, unscale = _optimizer_block(self.cost, self.scenario_for(c), held)
-            tail += unscale.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
+            tail += (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
         if self.scenario.training.grad_clip is not None:
             tail += clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
             if c.zero >= 1:
@@ -405,7 +405,8 @@ class Estimator:
             }
         )
         tr = sc.training.model_copy(
-            update={"micro_batch": c.micro_batch, "checkpointing": Checkpointing(kind=c.checkpointing)}
+            update={"micro_batch": c.micro_batch,
+                    "checkpointing": Checkpointing.model_validate({"kind": c.checkpointing})}
         )
         return sc.model_copy(update={"parallel": par, "training": tr})
 

@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sim.errors import ScenarioError
 from sim.explore.estimate import Estimator
@@ -53,7 +54,7 @@ def screen(
     """All candidates for every GPU count, cheap filters applied, sorted by estimated score."""
     out: list[Screened] = []
     estimators: dict[int, Estimator] = {}
-    stats = {"considered": 0, "pruned": {}, "states_too_big": 0}
+    stats: dict[str, Any] = {"considered": 0, "pruned": {}, "states_too_big": 0}
     for n in gpu_counts:
         sc = _scenario_for_gpus(base, n)
         est = estimators[n] = Estimator(sc)

@@ -92,8 +92,9 @@ def plan_text(result: PlanResult, workers: int | None = None) -> str:
     sc = result.base
     counts = ", ".join(map(str, result.gpu_counts))
     lines = [
-        f"plan for {result.name}: {sc.model.name or 'transformer'} on {counts} × {sc.gpu.name}, "
-        f"global batch {sc.training.global_batch}, objective {result.objective}",
+        f"plan for {result.name}: {getattr(sc.model, 'name', None) or 'transformer'} on {counts} × "
+        f"{sc.gpu.name}, global batch {sc.training.global_batch if sc.training else '?'}, "
+        f"objective {result.objective}",
         plan_table(result),
         stats_text(result, workers),
     ]
@@ -182,7 +183,8 @@ def write_plan(result: PlanResult, out_dir: Path) -> list[Path]:
     if result.winner_scenario is not None:
         data = dict(result.winner_scenario)
         data["name"] = f"{result.name}-planned"[:100]
-        data["description"] = f"dtsim plan winner ({result.objective}): {result.winner['candidate']}"
+        winner = result.winner["candidate"] if result.winner else "?"
+        data["description"] = f"dtsim plan winner ({result.objective}): {winner}"
         atomic_write_text(out_dir / "best.yaml", dump_resolved(scenario_from_dict(data)))
         files.append(out_dir / "best.yaml")
     return files

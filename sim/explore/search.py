@@ -13,8 +13,11 @@ parallelism on or off when t > 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator
+from sim.scenario.schema import Scenario
 
 OBJECTIVES = ("throughput", "cost", "time-to-train")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
@@ -38,10 +41,10 @@ class PlanResult:
     name: str
     objective: str
     gpu_counts: list[int]
-    base: object  # the base Scenario (overrides applied)
+    base: Scenario  # the base scenario (overrides applied)
     rows: list[dict]  # simulated (the top candidates and the given configuration), ranked best first
     screened: list[Screened]
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
     explanation: list[str] = field(default_factory=list)
     winner: dict | None = None
     given: dict | None = None
@@ -117,7 +120,7 @@ def enumerate_candidates(
 def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop) -> list[tuple[str, int]]:
     if p == 1:
         return [("1f1b", 1)]  # without a pipeline every schedule is the same
-    out = [(s, 1) for s in ("1f1b", "gpipe") if s in allowed]
+    out: list[tuple[str, int]] = [(s, 1) for s in ("1f1b", "gpipe") if s in allowed]
     if "interleaved-1f1b" in allowed:
         for v in VIRTUAL_STAGES:
             if p * v > layers:
@@ -164,7 +167,10 @@ def score_of(objective: str, scenario, gpus: int, step_time_s: float) -> float:
         return -tokens_per_step / step_time_s
     if objective == "cost":
         return gpus * scenario.gpu.price_per_gpu_hour * step_time_s / 3600 * 1e6 / tokens_per_step
-    return _steps_total(scenario, tokens_per_step) * step_time_s
+    steps = _steps_total(scenario, tokens_per_step)
+    if steps is None:  # plan's input check requires training.tokens or train_steps for this objective
+        raise ScenarioError("time-to-train needs training.tokens or training.train_steps", "--objective")
+    return steps * step_time_s
 
 
 def summary_score(objective: str, summary: dict) -> float:

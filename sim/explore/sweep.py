@@ -50,7 +50,9 @@ class Point:
 
 def split_values(text: str) -> list[str]:
     """ "1,2,[a, b],{x: 1}" → ["1", "2", "[a, b]", "{x: 1}"]: commas inside brackets or quotes stay."""
-    out, depth, quote, cur = [], 0, "", []
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -106,6 +108,7 @@ def _fit_data(data: dict, fixed_data: bool) -> str | None:
     t, p = par.get("tensor", 1), par.get("pipeline", 1)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (nodes, per, t, p)):
         return None
+    assert isinstance(nodes, int) and isinstance(per, int)  # checked just above
     gpus = nodes * per
     c = par.get("context") or 1  # context parallelism also takes GPUs
     if not isinstance(c, int) or isinstance(c, bool) or c < 1:
@@ -172,7 +175,7 @@ def sweep(
     points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
     todo = [p for p in points if p.scenario is not None]
     results = run_jobs(
-        [(p.scenario, None) for p in todo],
+        [(p.scenario, None) for p in todo if p.scenario is not None],
         workers=workers,
         executor=executor,
         address=address,

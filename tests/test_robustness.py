@@ -317,7 +317,7 @@ def test_full_disk_on_stdout_is_one_line() -> None:
 
 
 def test_divisors_by_factorising() -> None:
-    from sim.explore.plan import divisors
+    from sim.explore.search import divisors
 
     for n in (1, 2, 12, 97, 360, 1024, 4096 * 3):
         assert divisors(n) == [k for k in range(1, n + 1) if n % k == 0]

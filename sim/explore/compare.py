@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.errors import ScenarioError
 from sim.explore.runner import OK, run_jobs
 from sim.explore.table import (
     METRIC_COLUMNS,
@@ -22,6 +23,7 @@ from sim.explore.table import (
     text_table,
 )
 from sim.outputs.writers import atomic_write_text
+from sim.scenario.load import load_scenario
 
 CSV_COLUMNS = ["label", "file", "status", "reason", "name", "gpu", "intra_node", "inter_node",
                "sequence_parallel", *METRIC_COLUMNS]
@@ -39,9 +41,6 @@ def unique_labels(names: list[str]) -> list[str]:
 
 def load_all(paths: list[str], overrides: list[str]) -> list[dict]:
     """Every scenario resolved (presets expanded); the first bad file raises its ScenarioError."""
-    from sim.errors import ScenarioError
-    from sim.scenario.load import load_scenario
-
     out = []
     for p in paths:
         try:
@@ -119,7 +118,7 @@ def write_compare(rows: list[dict], out_dir: Path, charts: bool = True) -> list[
     atomic_write_text(out_dir / "compare.csv", csv_text(rows, CSV_COLUMNS))
     files = [out_dir / "compare.csv"]
     if charts:
-        from sim.outputs.compare_chart import plot_compare
+        from sim.outputs.compare_chart import plot_compare  # lazy: matplotlib, only when charts are drawn
 
         files += plot_compare(rows, out_dir / "compare")
     return files

@@ -1,28 +1,47 @@
 """Closed-form step time of a transformer training layout, and its exact memory: the planner's screen.
 
-A candidate is priced in microseconds instead of simulated in seconds: per-layer compute comes from the
-same roofline op costs the simulator uses (``tf.layer_ops`` priced by the scenario's cost model), tensor-
-parallel collectives and the data-parallel gradient sync from the ring formulas in ``sim.analytic``, the
-pipeline from the bubble closed form (p − 1)/(v·m + p − 1). Memory is not re-derived here: the ZeRO
-model-state formula gives a cheap lower bound for pruning, and ``exact_memory`` asks ``sim.build`` (about
-a millisecond), so the planner's memory verdict is the one the simulation will report.
+A candidate is priced in microseconds instead of simulated in seconds, with the simulation's own cost
+model: the per-layer blocks are the ones ``sim.build`` makes (kernel set, fp32 main gradients, the
+main_grad accumulation pass, host dispatch bound, Megatron's optimizer and gradient-norm passes), and
+every collective (tensor-parallel, data-parallel buckets, pipeline send/recv, gradient-norm and
+embedding all-reduces) is priced by the simulator's collective tuner (``sim.engine.algorithms``: its
+candidates and closed-form ``predict_s``) on the candidate's real group shape over the scenario's
+topology, calibrated links included. Only the
+pipeline is a closed form: the bubble (p − 1)/(v·m + p − 1) and the exposed gradient sync.
 
-The estimate ranks candidates; the planner then simulates the best ones, so its errors only cost a
-missed candidate, never a wrong reported number.
+Memory is not re-derived here: the ZeRO model-state formula gives a cheap lower bound for pruning, and
+``exact_memory`` asks ``sim.build`` (about a millisecond), so the planner's memory verdict is the one the
+simulation will report. The estimate ranks candidates; the planner then simulates the best ones, so its
+errors only cost a missed candidate, never a wrong reported number.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from sim import analytic as an
 from sim import memory as mem
-from sim.build import OPTIMIZER_BYTES_PER_PARAM, cost_model_for, topology_for
-from sim.parallel.layout import partition_layers, stage_layers_for
+from sim.build import (
+    H2D_Bps,
+    _accumulate_block,
+    _blocks,
+    _op_block,
+    _optimizer_block,
+    build_job,
+    cost_model_for,
+    main_grad_bytes,
+    megatron_optimizer,
+    topology_for,
+    weight_blocks,
+)
+from sim.engine import algorithms as alg
+from sim.engine.job import Block
+from sim.errors import ScenarioError
+from sim.parallel.layout import Layout, partition_layers, stage_layers_for
+from sim.scenario.schema import Checkpointing
 from sim.units import DTYPE_BYTES, MB
 from sim.workload import transformer as tf
+from sim.workload.kernels import KERNEL_SETS
 from sim.workload.ops import elementwise
 
 
@@ -78,7 +97,7 @@ class Estimate:
     p2p_s: float  # exposed pipeline send/recv per step
     dp_exposed_s: float  # data-parallel sync not hidden behind the backward pass
     dp_comm_s: float  # data-parallel traffic time in total
-    optimizer_s: float
+    optimizer_s: float  # optimizer step, gradient norm and their small all-reduces
     states_bytes: float  # weights + gradients + optimizer states on the fullest stage (a lower bound)
 
     def as_dict(self) -> dict:
@@ -87,13 +106,20 @@ class Estimate:
 
 @dataclass(frozen=True)
 class _LayerTimes:
-    fwd: float  # compute, one layer, one micro-batch
-    bwd: float  # input + weight gradients
-    attention: float  # forward attention core (selective recomputation)
+    """One layer (or the embedding / head) for one micro-batch: compute and blocking TP collectives."""
+
+    fwd: float  # forward compute
+    bwd: float  # input + weight gradients, main_grad accumulation
+    recompute: float  # compute re-run in backward (checkpointing)
     tp_fwd: float  # TP collectives in the forward
-    tp_bwd: float
+    tp_bwd: float  # in the backward
+    tp_recompute: float  # in the recomputed forward (full checkpointing)
     emb: float  # embedding forward + backward (first stage), collectives included
     head: float  # head forward + backward (last stage), collectives included
+
+
+def _dur(blocks: tuple[Block, ...]) -> float:
+    return sum(b.dur_s for b in blocks)
 
 
 class Estimator:
@@ -101,89 +127,108 @@ class Estimator:
 
     def __init__(self, scenario):
         if scenario.model.kind != "transformer":
-            from sim.errors import ScenarioError
-
             raise ScenarioError(f"plan needs a transformer model, not {scenario.model.kind}", "model")
         if getattr(scenario.model, "experts", None) is not None or scenario.parallel.cp > 1:
-            from sim.errors import ScenarioError
-
             field = "model.experts" if getattr(scenario.model, "experts", None) is not None else "parallel.context"
             raise ScenarioError("plan does not search mixture-of-experts or context-parallel layouts yet (its "
                                 "closed forms are dense, without context); simulate them with run or sweep", field)
         self.scenario = scenario
-        m = scenario.model
+        m, tr, par = scenario.model, scenario.training, scenario.parallel
         self.dims = m.to_dims()
         self.cost = cost_model_for(scenario)
+        self.kernels = KERNEL_SETS[tr.kernels]
+        self.host_s = self.kernels.host_dispatch_us * 1e-6
         c = scenario.cluster
         self.gpus_per_node = c.gpus_per_node
         self.nodes = c.nodes
-        # Links as the simulation sees them: the topology applies a calibration profile's fitted α and
-        # bandwidth over the presets, so screen and simulation price a collective alike.
-        topo = topology_for(scenario, self.cost, max_nodes=2)
-        self.intra = (topo.intra_latency_s, topo.intra_bw_Bps)
-        # Per-GPU share of the node's NICs (several NICs per GPU add up, GPUs sharing one split it).
-        nic_share = c.nics_per_node / c.gpus_per_node
-        self.inter = (topo.inter_latency_s, topo.inter_bw_Bps * nic_share)
-        self.leaf_factor = 1.0 / c.topology.oversubscription
-        self.nodes_per_leaf = c.nodes if c.topology.kind == "single-switch" else c.topology.nodes_per_leaf
-        tr = scenario.training
         self.precision = tr.precision
+        self.ebytes = DTYPE_BYTES["bf16" if self.precision == "fp8" else self.precision]
+        self.gbytes = main_grad_bytes(self.precision, self.kernels)  # fp32 main grads with Megatron + bf16
         self.global_batch = tr.global_batch
         self.optimizer = "sgd" if tr.optimizer == "sgd" else "adam"
-        self.bucket_bytes = scenario.parallel.bucket_MB * MB
+        self.bucket_bytes = par.bucket_MB * MB
+        self.overlap_grad_sync = par.overlap_grad_sync
         self.capacity = scenario.gpu.memory_bytes
+        self.comm_slowdown = scenario.gpu.comm_compute_slowdown
+        # Topologies as the simulation builds them (calibrated α/B applied), with only as many nodes as
+        # a group spans: groups are priced on their rank pattern moved to the first nodes (same local
+        # GPU indices, so the same NICs), so a screen of a huge cluster never builds it.
+        self._topos: dict[int, object] = {}
+        self.comm = alg.comm_config_for(scenario, self._topology(1))
+        self._priced: dict = {}
         self._times = lru_cache(maxsize=None)(self._layer_times)
 
-    # ---- links -----------------------------------------------------------------------------------
-    def _link(self, span_nodes: int) -> tuple[float, float]:
-        """(α, B) of a ring whose members sit on ``span_nodes`` nodes (1: inside a node, on NVLink)."""
-        if span_nodes <= 1:
-            return self.intra
-        alpha, bw = self.inter
-        if span_nodes > self.nodes_per_leaf:
-            bw *= self.leaf_factor
-        return alpha, min(bw, self.intra[1])
+    # ---- collectives, priced by the simulator's tuner ----------------------------------------------
+    def _topology(self, nodes: int):
+        topo = self._topos.get(nodes)
+        if topo is None:
+            topo = self._topos[nodes] = topology_for(self.scenario, self.cost, max_nodes=nodes)
+        return topo
 
-    def _coll(self, op: str | None, p: int, n_bytes: float, link: tuple[float, float]) -> float:
-        if not op or p <= 1 or n_bytes <= 0:
+    def collective_s(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
+        """The tuner's predicted time of ``op`` on the group ``ranks`` (global GPU ids), launch included."""
+        if len(ranks) <= 1 or n_bytes <= 0:
             return 0.0
-        alpha, bw = link
-        if op == tf.ALL_REDUCE:
-            return an.ring_all_reduce_time(p, n_bytes, alpha, bw)
-        return an.ring_all_gather_time(p, n_bytes, alpha, bw)  # AG and RS cost the same
-
-    # ---- per-layer times (cached per tensor width, micro-batch and SP) --------------------------
-    def _layer_times(self, t: int, b: int, sp: bool) -> _LayerTimes:
-        d, dtype, price = self.dims, self.precision, self.cost.op_time_s
-        link = self._link(1 if t <= self.gpus_per_node else math.ceil(t / self.gpus_per_node))
-        lo = tf.layer_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-
-        def comp(segs) -> float:
-            return sum(price(op) for s in segs for op in s.ops)
-
-        def comm(segs) -> float:
-            return sum(self._coll(s.comm, t, s.comm_bytes, link) for s in segs)
-
-        def whole(ops) -> float:
-            return (
-                comp(ops.forward)
-                + comm(ops.forward)
-                + comp(ops.backward_input)
-                + comm(ops.backward_input)
-                + sum(price(op) for op in ops.backward_weight)
+        per = self.gpus_per_node
+        nodes = sorted({r // per for r in ranks})
+        where = {n: i for i, n in enumerate(nodes)}
+        local = [where[r // per] * per + r % per for r in ranks]
+        key = (op, kind, n_bytes, tuple(local))
+        t = self._priced.get(key)
+        if t is None:
+            topo = self._topology(len(nodes))
+            shape = alg.group_shape(topo, local)
+            # The tuner's closed-form predictions, fastest first (``choose`` without its refinement, which
+            # times near-tied candidates by simulating them: ~70 % of a 175B screen's time for < 30 %).
+            t = self._priced[key] = min(
+                alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm)
+                for a in alg.candidates(op, kind, shape, self.comm, topo)
+                for proto in alg.PIPELINE_PROTOCOLS.get(a, ("Simple",))
             )
+        return t
 
-        attention = sum(price(op) for s in lo.forward for op in s.ops if tf.is_attention_core(op))
-        emb = tf.embedding_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-        head = tf.head_ops(d, micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    def _tp_group(self, t: int) -> list[int]:
+        return list(range(t))
+
+    # ---- per-layer times (cached per tensor width, micro-batch, SP and checkpointing) ---------------
+    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str) -> _LayerTimes:
+        d, dtype, cost, host, ks = self.dims, self.precision, self.cost, self.host_s, self.kernels
+        m = self.scenario.model
+        kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+        lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
+        group = self._tp_group(t)
+
+        def comm(blocks: tuple[Block, ...]) -> float:
+            return sum(self.collective_s(x.comm, "tp", group, x.comm_bytes) for x in blocks if x.comm) if t > 1 else 0.0
+
+        gb, eb = self.gbytes, self.ebytes
+        fwd = _blocks(cost, lo.forward, host_s=host)
+        bwd = _blocks(cost, lo.backward_input, host_s=host)
+        wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gb, eb)
+        if ckpt == "full":
+            recompute = fwd
+        elif ckpt == "selective":
+            recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops
+                                                       if tf.is_attention_core(op)], host)
+        else:
+            recompute = ()
+        emb = tf.embedding_ops(d, **kw)
+        head = tf.head_ops(d, **kw)
+        emb_params = tf.embedding_params(d) / t
+        emb_blocks = (_blocks(cost, emb.forward, host_s=host) + _blocks(cost, emb.backward_input, host_s=host)
+                      + _op_block(cost, "wgrad", emb.backward_weight, host)
+                      + _accumulate_block(cost, emb_params, gb, eb, ks, force=True))
+        head_blocks = (_blocks(cost, head.forward, host_s=host) + _blocks(cost, head.backward_input, host_s=host)
+                       + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb))
         return _LayerTimes(
-            fwd=comp(lo.forward),
-            bwd=comp(lo.backward_input) + sum(price(op) for op in lo.backward_weight),
-            attention=attention,
-            tp_fwd=comm(lo.forward),
-            tp_bwd=comm(lo.backward_input),
-            emb=whole(emb),
-            head=whole(head),
+            fwd=_dur(fwd),
+            bwd=_dur(bwd) + _dur(wgt),
+            recompute=_dur(recompute),
+            tp_fwd=comm(fwd),
+            tp_bwd=comm(bwd),
+            tp_recompute=comm(recompute),
+            emb=_dur(emb_blocks) + comm(emb_blocks),
+            head=_dur(head_blocks) + comm(head_blocks),
         )
 
     # ---- memory ---------------------------------------------------------------------------------
@@ -203,80 +248,111 @@ class Estimator:
             dp=c.data,
             precision=self.precision,
             optimizer=self.optimizer,
+            grad_bytes_per_param=self.gbytes,
         )
         return st["weights"] + st["gradients"] + st["optimizer"]
 
     # ---- step time ----------------------------------------------------------------------------
+    def _dp_buckets_s(self, op: str, group: list[int], grads_bytes: float, layer_grad_bytes: float) -> float:
+        """The gradient sync as the executor runs it: layers' gradients gathered into buckets of at least
+        ``bucket_MB`` (one collective each, serialised on the DP stream); one collective of everything
+        when the sync is not overlapped."""
+        if grads_bytes <= 0:
+            return 0.0
+        if not self.overlap_grad_sync or layer_grad_bytes <= 0:
+            return self.collective_s(op, "dp", group, grads_bytes)
+        per_bucket = max(1, -(-self.bucket_bytes // layer_grad_bytes)) * layer_grad_bytes
+        full, rest = divmod(grads_bytes, per_bucket)
+        return full * self.collective_s(op, "dp", group, per_bucket) + self.collective_s(op, "dp", group, rest)
+
     def estimate(self, c: Candidate) -> Estimate:
         """Closed-form step time of ``c`` (and its model-state bytes)."""
         d, t, p, v, b, dp = self.dims, c.tensor, c.pipeline, c.virtual_stages, c.micro_batch, c.data
         sp = c.sequence_parallel and t > 1
-        lt = self._times(t, b, sp)
+        ks, eb, gb = self.kernels, self.ebytes, self.gbytes
+        lt = self._times(t, b, sp, c.checkpointing)
+        lay = Layout(dp=dp, tp=t, pp=p)
         m = self.global_batch // (dp * b)
-        recompute = {"full": lt.fwd + lt.tp_fwd, "selective": lt.attention}.get(c.checkpointing, 0.0)
-        per_layer = lt.fwd + lt.bwd + lt.tp_fwd + lt.tp_bwd + recompute
+        tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute
+        per_layer = lt.fwd + lt.bwd + lt.recompute + tp_layer
         layers = self._stage_layers(c)
         stage_t = [n * per_layer for n in layers]
-        stage_t[0] += lt.emb
+        tokens_bytes = 2 * b * d.seq_len * 8  # int64 tokens and labels, as sim.build loads them
+        act_dtype = "bf16" if self.precision == "fp8" else self.precision
+        stage_t[0] += lt.emb + tokens_bytes / H2D_Bps + self.cost.op_time_s(elementwise("h2d", 0.0, act_dtype))
         stage_t[-1] += lt.head
-        t_max = max(stage_t)
-        # Pipeline send/recv: activations of one micro-batch (1/t of them per TP rank), each hop on the
-        # critical path once forward and once backward per micro-batch in the steady state.
-        ebytes = DTYPE_BYTES["bf16" if self.precision == "fp8" else self.precision]
-        send = b * d.seq_len * d.hidden * ebytes / t
-        p2p_hop = 0.0
+        # Pipeline send/recv of one micro-batch's activation between stage peers (t·dp ranks apart).
+        activation = b * d.seq_len * d.hidden * eb
+        split = t > 1 and (sp or ks.scatter_gather_p2p)
+        send = activation / t if split else activation
+        p2p_hop = gather = 0.0
         if p > 1:
-            cross = t * dp >= self.gpus_per_node  # stage peers are t·dp ranks apart
-            alpha, bw = self._link(2 if cross else 1)
-            p2p_hop = an.send_recv_time(send, alpha, bw)
-        period = t_max + 2 * p2p_hop * (p > 1)
-        # (m + (p − 1)/v) periods: the bubble (p − 1)/(v·m + p − 1) of the whole pipeline time.
-        pipe = m * period + (sum(stage_t) - t_max + 2 * (p - 1) * p2p_hop) / v if p > 1 else m * t_max
-        bubble = an.bubble_fraction(p, m, v) if p > 1 else 0.0
-        # Data-parallel gradient sync (ZeRO 1/2: reduce-scatter, then all-gather of updated weights).
-        stage_params = max(self._stage_params(c))
-        gbytes = 4 if self.precision in ("fp32", "tf32") else 2
-        grads = stage_params * gbytes
-        dp_link = self._link(self._span_nodes(t, dp))
-        opt_shard = stage_params / (dp if c.zero >= 1 else 1)
-        mixed = self.precision not in ("fp32", "tf32")
-        optimizer = self.cost.op_time_s(
-            elementwise("opt", opt_shard * OPTIMIZER_BYTES_PER_PARAM[(self.optimizer, mixed)], "fp32")
-        )
+            p2p_hop = self.collective_s("send_recv", "pp", [0, lay.rank(0, 0, 1)], send)
+            if t > 1 and ks.scatter_gather_p2p and not sp and p * v > 1 and v > 1:
+                gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation)
+        hop = p2p_hop if ks.blocking_p2p else 0.0
+        t_max = max(stage_t)
+        # Per micro-batch a stage receives (and gathers) its input once forward and once backward, per chunk.
+        period = t_max + 2 * v * gather + 2 * hop * (p > 1)
+        # (m + (p − 1)/v) periods: the bubble (p − 1)/(v·m + p − 1) of the whole pipeline time; the
+        # fill/drain also pays the unhidden hops.
+        pipe = (m * period + (sum(stage_t) - t_max + 2 * (p - 1) * (p2p_hop + gather)) / v) if p > 1 else m * t_max
+        bubble = (p - 1) / (v * m + p - 1) if p > 1 else 0.0
+        # Data-parallel gradient sync of the first stage (the last to finish its backward).
+        params = self._stage_params(c)
+        held = max(params)
+        layer_grads = tf.layer_params(d) / t * gb
+        dp_group = lay.dp_group(0)
+        grads = params[0] * gb
         dp_total = dp_exposed = 0.0
         if dp > 1:
-            if c.zero == 0:
-                sync = self._coll(tf.ALL_REDUCE, dp, grads, dp_link)
-                after = 0.0
-            elif c.zero in (1, 2):
-                sync = self._coll(tf.REDUCE_SCATTER, dp, grads, dp_link)
-                after = self._coll(tf.ALL_GATHER, dp, stage_params * ebytes, dp_link)
-            else:  # ZeRO-3: every layer's weights gathered for F and B, gradients scattered, per micro-batch
+            if c.zero == 3:  # every layer's weights gathered for F and B, gradients scattered, per micro-batch
                 n_layers = max(layers)
-                per_layer_w = stage_params * ebytes / max(1, n_layers)
-                gather = self._coll(tf.ALL_GATHER, dp, per_layer_w, dp_link)
-                scatter = self._coll(tf.REDUCE_SCATTER, dp, grads / max(1, n_layers), dp_link)
-                sync, after = 0.0, m * n_layers * (2 * gather + scatter) * (1 + (p - 1) / (v * m))
-            overlap = layers[0] * (lt.bwd + lt.tp_bwd + recompute) / v
-            last_bucket = sync * min(1.0, self.bucket_bytes / grads) if grads else 0.0
-            dp_exposed = max(sync - overlap, last_bucket) + after
+                gather_w = self.collective_s("all_gather", "dp", dp_group, tf.layer_params(d) / t * eb)
+                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
+                sync, after = 0.0, m * n_layers * (2 * gather_w + scatter) * (1 + (p - 1) / (v * m))
+            else:
+                op = "reduce_scatter" if c.zero in (1, 2) else "all_reduce"
+                sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
+                after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero in (1, 2) else 0.0
+            if self.overlap_grad_sync and c.zero < 3:
+                overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
+                last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self.bucket_bytes), layer_grads)
+                hidden = max(0.0, min(sync - last_bucket, overlap))
+                # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
+                slowed = hidden * self.comm_slowdown / (1 + self.comm_slowdown)
+                dp_exposed = sync - hidden + slowed + after
+            else:
+                dp_exposed = sync + after
             dp_total = sync + after
-        step = pipe + dp_exposed + optimizer
-        compute = m * max(
-            n * (lt.fwd + lt.bwd + (recompute - lt.tp_fwd if c.checkpointing == "full" else recompute))
-            for n in layers
-        )
+        # Step end: tied embeddings' gradient all-reduce between first and last stage, loss-scale unscale,
+        # gradient norm (its model-parallel and, with ZeRO, data-parallel 4-byte all-reduces), optimizer.
+        tail = 0.0
+        if d.tied_embeddings and p > 1:
+            emb_bytes = -(-d.vocab // t) * d.hidden * gb
+            tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)
+        opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.scenario.training.optimizer,
+                                       params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb)
+        mp_group = lay.mp_group(0)
+        tail += opt.dur_s
+        if self.scenario.training.loss_scaling.kind != "none":
+            _, unscale = _optimizer_block(self.cost, self.scenario_for(c), held)
+            tail += (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
+        if self.scenario.training.grad_clip is not None:
+            tail += clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
+            if c.zero >= 1:
+                tail += self.collective_s("all_reduce", "dp", dp_group, 4.0)
+        step = pipe + dp_exposed + tail
+        compute = m * max(n * (lt.fwd + lt.bwd + lt.recompute) for n in layers)
         return Estimate(
             step_time_s=step,
             compute_s=compute,
             bubble_fraction=bubble,
-            tp_comm_s=m * max(layers) * (lt.tp_fwd + lt.tp_bwd) * (2 if c.checkpointing == "full" else 1)
-            if t > 1
-            else 0.0,
-            p2p_s=2 * (m + p - 1) * p2p_hop if p > 1 else 0.0,
+            tp_comm_s=m * max(layers) * tp_layer if t > 1 else 0.0,
+            p2p_s=2 * (m + p - 1) * (hop + gather) if p > 1 else 0.0,
             dp_exposed_s=dp_exposed,
             dp_comm_s=dp_total,
-            optimizer_s=optimizer,
+            optimizer_s=tail,
             states_bytes=self.states_bytes(c),
         )
 
@@ -293,7 +369,7 @@ class Estimator:
 
     def _span_nodes(self, t: int, dp: int) -> int:
         """Nodes a data-parallel group (dp ranks, t apart) spans."""
-        return max(1, min(dp, math.ceil(t * dp / self.gpus_per_node)))
+        return max(1, min(dp, -(-(t * dp) // self.gpus_per_node)))
 
     def dp_span_nodes(self, c: Candidate) -> int:
         """Nodes one of ``c``'s data-parallel groups spans (1: its gradient sync stays on NVLink)."""
@@ -306,7 +382,8 @@ class Estimator:
         """Weights + gradients + optimizer states of the whole model (no sharding): what must be split."""
         params = tf.model_params(self.dims)
         st = mem.model_state_bytes(
-            params, zero_stage=0, dp=1, precision=self.precision, optimizer=self.optimizer
+            params, zero_stage=0, dp=1, precision=self.precision, optimizer=self.optimizer,
+            grad_bytes_per_param=self.gbytes,
         )
         return st["weights"] + st["gradients"] + st["optimizer"]
 
@@ -314,8 +391,6 @@ class Estimator:
     def scenario_for(self, c: Candidate):
         """The base scenario with ``c``'s layout, unvalidated (for ``build_job``; the planner validates the
         candidates it simulates)."""
-        from sim.scenario.schema import Checkpointing
-
         sc = self.scenario
         par = sc.parallel.model_copy(
             update={
@@ -330,13 +405,12 @@ class Estimator:
             }
         )
         tr = sc.training.model_copy(
-            update={"micro_batch": c.micro_batch, "checkpointing": Checkpointing(kind=c.checkpointing)}
+            update={"micro_batch": c.micro_batch,
+                    "checkpointing": Checkpointing.model_validate({"kind": c.checkpointing})}
         )
         return sc.model_copy(update={"parallel": par, "training": tr})
 
     def exact_memory(self, c: Candidate) -> dict:
         """The fullest stage's memory breakdown as ``sim.build`` computes it (what the summary reports)."""
-        from sim.build import build_job
-
         _, info = build_job(self.scenario_for(c), self.cost)
         return dict(max(info.memory_by_stage, key=lambda d: d["peak"]))

@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 from sim.explore.estimate import Candidate, Estimator
-from sim.explore.plan import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
+from sim.explore.search import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
 
 GB = 1e9
 CHECKPOINT_WHAT = {
@@ -66,6 +66,7 @@ def slower(win: Screened, other: Screened | None, attr: str, name: str | None = 
 def winner_screened(result: PlanResult) -> Screened | None:
     """The winner as a screened candidate (the given configuration is estimated here if it won), or None
     when the winner is a given configuration the search space cannot express."""
+    assert result.winner is not None  # explain runs only when a candidate was simulated
     s = result.winner.get("_screened")
     if s is not None:
         return s
@@ -224,6 +225,7 @@ def explain(result: PlanResult) -> list[str]:
         )
     lines.append(f"precision {sc.training.precision}: kept as given (the planner does not change numerics)")
     w, given = result.winner, result.given
+    assert w is not None
     if given and given.get("tokens_per_s") and w.get("tokens_per_s"):
         gain = w["tokens_per_s"] / given["tokens_per_s"] - 1
         same = " (the given configuration is already the best found)" if w is given else ""

@@ -16,7 +16,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sim.api import simulate
+from sim.budget import check_budget
 from sim.errors import ScenarioError, SimulationError
+from sim.scenario.load import scenario_from_dict
 
 EXECUTORS = ("local", "ray")
 OK, NO_FIT, INVALID, ERROR = "ok", "no-fit", "invalid", "error"
@@ -45,10 +48,6 @@ def no_fit_reason(summary: dict) -> str:
 
 def simulate_point(data: dict, base_dir: str | None = None) -> dict:
     """Validate and simulate one scenario mapping (a worker's whole job); failures come back as data."""
-    from sim.api import simulate
-    from sim.budget import check_budget
-    from sim.scenario.load import scenario_from_dict
-
     t0 = time.perf_counter()
     try:
         scenario = scenario_from_dict(data, base_dir=Path(base_dir) if base_dir else None)
@@ -87,7 +86,7 @@ def run_jobs(
     if not jobs:
         return []
     if executor == "ray":
-        from sim.explore.ray_executor import run_on_ray
+        from sim.explore.ray_executor import run_on_ray  # lazy: ray is an optional dependency
 
         return run_on_ray(fn, jobs, address=address, progress=progress, desc=desc)
     workers = default_workers() if workers is None else workers

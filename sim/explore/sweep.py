@@ -28,6 +28,7 @@ from sim.explore.table import (
     text_table,
 )
 from sim.outputs.writers import atomic_write_text
+from sim.scenario.load import apply_overrides, read_scenario_file, scenario_from_dict
 
 MAX_POINTS = 10_000
 
@@ -49,7 +50,9 @@ class Point:
 
 def split_values(text: str) -> list[str]:
     """ "1,2,[a, b],{x: 1}" → ["1", "2", "[a, b]", "{x: 1}"]: commas inside brackets or quotes stay."""
-    out, depth, quote, cur = [], 0, "", []
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -105,6 +108,7 @@ def _fit_data(data: dict, fixed_data: bool) -> str | None:
     t, p = par.get("tensor", 1), par.get("pipeline", 1)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (nodes, per, t, p)):
         return None
+    assert isinstance(nodes, int) and isinstance(per, int)  # checked just above
     gpus = nodes * per
     c = par.get("context") or 1  # context parallelism also takes GPUs
     if not isinstance(c, int) or isinstance(c, bool) or c < 1:
@@ -125,8 +129,6 @@ def expand(
     base_dir: Path | None = None,
 ) -> list[Point]:
     """Every grid point validated against the schema (invalid ones keep their reason)."""
-    from sim.scenario.load import apply_overrides, scenario_from_dict
-
     keys = [k for k, _ in grid]
     data_fixed = "parallel.data" in keys or any(
         o.partition("=")[0].strip() == "parallel.data" for o in overrides
@@ -167,15 +169,13 @@ def sweep(
     progress: bool = True,
 ) -> list[dict]:
     """Simulate every valid grid point; one row per point (invalid ones too), in grid order."""
-    from sim.scenario.load import read_scenario_file
-
     grid = parse_grid(grid_items)
     base = read_scenario_file(path)
     base_dir = Path(path).expanduser().resolve().parent
     points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
     todo = [p for p in points if p.scenario is not None]
     results = run_jobs(
-        [(p.scenario, None) for p in todo],
+        [(p.scenario, None) for p in todo if p.scenario is not None],
         workers=workers,
         executor=executor,
         address=address,
@@ -250,7 +250,7 @@ def write_sweep(
     atomic_write_text(out_dir / "sweep.csv", csv_text(rows, columns))
     files = [out_dir / "sweep.csv"]
     if charts:
-        from sim.outputs.compare_chart import plot_sweep
+        from sim.outputs.compare_chart import plot_sweep  # lazy: matplotlib, only when charts are drawn
 
         files += plot_sweep(rows, out_dir / "sweep", keys, title)
     return files

@@ -10,6 +10,7 @@ import csv
 import io
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 
 def _get(d: dict, path: str, default=None):
@@ -88,7 +89,7 @@ def _usd(x: float) -> str:
 
 
 # (row key, label, formatter) in the order the side-by-side table prints them.
-METRICS: tuple[tuple[str, str, Callable[[object], str]], ...] = (
+METRICS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("step_time_s", "step time", format_duration),
     ("tokens_per_s", "tokens/s", lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.4g}"),
     ("samples_per_s", "samples/s", lambda x: f"{x:.4g}"),

@@ -1,0 +1,188 @@
+"""The planner's search space, its objective and its records: which layouts ``dtsim plan`` considers
+(every rule a layout must obey to be built), how a step time becomes a score, and the screened / planned
+records that ``plan``, ``explain`` and ``plan_output`` share.
+
+Search space (the global batch and precision stay the user's; the GPU count is the cluster's unless
+``--gpus`` gives others): tensor t ≤ GPUs per node dividing the heads, KV heads and MLP width; pipeline p
+dividing the GPUs left, p ≤ layers; data d = GPUs / (t·p) dividing the global batch; micro-batch b with
+d·b dividing the global batch; schedule 1F1B, GPipe or interleaved 1F1B with v chunks (p·v ≤ layers and
+the micro-batch count a multiple of p); ZeRO 0–3; checkpointing none, selective or full; sequence
+parallelism on or off when t > 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.errors import ScenarioError
+from sim.explore.estimate import Candidate, Estimate, Estimator
+from sim.scenario.schema import Scenario
+
+OBJECTIVES = ("throughput", "cost", "time-to-train")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+CHECKPOINTING = ("none", "selective", "full")
+
+@dataclass
+class Screened:
+    """A candidate that passed the cheap filters, with its closed-form estimate and score."""
+
+    candidate: Candidate
+    gpus: int
+    estimate: Estimate
+    score: float  # lower is better, in the objective's terms
+    memory: dict | None = None  # exact fullest-stage memory, once checked
+    fits: bool | None = None
+
+
+@dataclass
+class PlanResult:
+    name: str
+    objective: str
+    gpu_counts: list[int]
+    base: Scenario  # the base scenario (overrides applied)
+    rows: list[dict]  # simulated (the top candidates and the given configuration), ranked best first
+    screened: list[Screened]
+    stats: dict[str, Any] = field(default_factory=dict)
+    explanation: list[str] = field(default_factory=list)
+    winner: dict | None = None
+    given: dict | None = None
+    winner_scenario: dict | None = None
+    estimators: dict[int, Estimator] = field(default_factory=dict)  # per GPU count
+
+
+# ---- search space -----------------------------------------------------------------------------------
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, ascending, from its prime factors (trial division to √n: fast for any GPU count)."""
+    factors: dict[int, int] = {}
+    rest, q = n, 2
+    while q * q <= rest:
+        while rest % q == 0:
+            factors[q] = factors.get(q, 0) + 1
+            rest //= q
+        q += 1 if q == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    out = [1]
+    for prime, power in factors.items():
+        out = [d * prime**e for d in out for e in range(power + 1)]
+    return sorted(out)
+
+
+def _tensor_rule(model, t: int) -> str | None:
+    for name in ("heads", "kv_heads", "ffn_hidden"):
+        if getattr(model, name) % t:
+            return f"{name} % tensor"
+    return None
+
+
+def enumerate_candidates(
+    scenario, gpus: int, max_micro_batch: int = 8, schedules: tuple[str, ...] = SCHEDULES
+) -> tuple[list[Candidate], dict[str, int]]:
+    """Every layout of the search space for ``gpus`` GPUs, and how many each divisibility rule removed."""
+    m, tr = scenario.model, scenario.training
+    per_node, layers, batch = scenario.cluster.gpus_per_node, m.layers, tr.global_batch
+    pruned: dict[str, int] = {}
+    out: list[Candidate] = []
+
+    def drop(reason: str, n: int = 1) -> None:
+        pruned[reason] = pruned.get(reason, 0) + n
+
+    for t in divisors(gpus):
+        if t > per_node:
+            drop("tensor > GPUs per node")
+            continue
+        if _tensor_rule(m, t):
+            drop("heads/kv_heads/ffn_hidden not divisible by tensor")
+            continue
+        for p in divisors(gpus // t):
+            if p > layers:
+                drop("pipeline > layers")
+                continue
+            d = gpus // (t * p)
+            for b in range(1, max_micro_batch + 1):
+                if batch % (d * b):
+                    drop("global batch not divisible by data × micro-batch")
+                    continue
+                mbs = batch // (d * b)
+                for sched, v in _schedules(p, mbs, layers, schedules, drop):
+                    for zero in (0, 1, 2, 3) if d > 1 else (0,):
+                        for ck in CHECKPOINTING:
+                            for sp in (False, True) if t > 1 else (False,):
+                                if sp and (m.seq_len * b) % t:
+                                    drop("seq_len × micro-batch not divisible by tensor (SP)")
+                                    continue
+                                out.append(Candidate(d, t, p, b, sched, v, zero, ck, sp))
+    return out, pruned
+
+
+def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop) -> list[tuple[str, int]]:
+    if p == 1:
+        return [("1f1b", 1)]  # without a pipeline every schedule is the same
+    out: list[tuple[str, int]] = [(s, 1) for s in ("1f1b", "gpipe") if s in allowed]
+    if "interleaved-1f1b" in allowed:
+        for v in VIRTUAL_STAGES:
+            if p * v > layers:
+                drop("pipeline × virtual stages > layers")
+            elif mbs % p:
+                drop("interleaved: micro-batches not a multiple of pipeline")
+            else:
+                out.append(("interleaved-1f1b", v))
+    return out
+
+
+def candidate_of(scenario) -> Candidate | None:
+    """The base scenario's own layout as a candidate, when the search space can express it."""
+    par, tr = scenario.parallel, scenario.training
+    if par.schedule not in SCHEDULES or tr.checkpointing.every != 1:
+        return None
+    return Candidate(
+        par.data,
+        par.tensor,
+        par.pipeline,
+        tr.micro_batch,
+        par.schedule,
+        par.virtual_stages,
+        par.zero,
+        tr.checkpointing.kind,
+        par.sequence_parallel and par.tensor > 1,
+    )
+
+
+# ---- objective ------------------------------------------------------------------------------------
+def _steps_total(scenario, tokens_per_step: float) -> float | None:
+    tr = scenario.training
+    if tr.train_steps:
+        return float(tr.train_steps)
+    if tr.tokens:
+        return tr.tokens / tokens_per_step
+    return None
+
+
+def score_of(objective: str, scenario, gpus: int, step_time_s: float) -> float:
+    """Lower is better: −tokens/s, $ per 1M tokens, or seconds to train."""
+    tokens_per_step = scenario.training.global_batch * scenario.model.seq_len
+    if objective == "throughput":
+        return -tokens_per_step / step_time_s
+    if objective == "cost":
+        return gpus * scenario.gpu.price_per_gpu_hour * step_time_s / 3600 * 1e6 / tokens_per_step
+    steps = _steps_total(scenario, tokens_per_step)
+    if steps is None:  # plan's input check requires training.tokens or train_steps for this objective
+        raise ScenarioError("time-to-train needs training.tokens or training.train_steps", "--objective")
+    return steps * step_time_s
+
+
+def summary_score(objective: str, summary: dict) -> float:
+    if objective == "throughput":
+        return -summary["tokens_per_s"]
+    if objective == "cost":
+        return summary["cost_per_1M_tokens_usd"]
+    return summary["time_to_train_s"]
+
+
+def check_memory(s: Screened, est: Estimator) -> bool:
+    if s.fits is None:
+        s.memory = est.exact_memory(s.candidate)
+        s.fits = s.memory["peak"] <= est.capacity
+    return s.fits

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sim.units import format_duration
+
 
 def _get(d: dict, path: str, default=None):
     for key in path.split("."):
@@ -65,15 +67,6 @@ def summary_row(summary: dict) -> dict:
         "cost_to_train_usd": summary.get("cost_to_train_usd"),
         "energy_kWh_per_step": summary.get("energy_kWh_per_step"),
     }
-
-
-def format_duration(seconds: float) -> str:
-    """3 significant digits in s, ms or µs (never an exponent)."""
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(seconds) >= scale or unit == "µs":
-            value = seconds / scale
-            return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
-    return f"{seconds} s"  # pragma: no cover
 
 
 def _pct(x: float) -> str:

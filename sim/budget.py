@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sim.build import grad_bucket_bytes
 from sim.errors import ScenarioError
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
 
@@ -120,7 +121,8 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t)
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
     grad_bytes = _params(sc.model) / max(1, p * t) * (4 if tr.precision in ("fp32", "tf32") else 2)
-    buckets = max(1, math.ceil(grad_bytes / (par.bucket_MB * 1e6))) if d > 1 else 0
+    bucket = grad_bucket_bytes(par.bucket_MB, transformer=sc.model.kind == "transformer", data=d, grad_elem_bytes=2)
+    buckets = max(1, math.ceil(grad_bytes / bucket)) if d > 1 else 0
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets

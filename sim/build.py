@@ -20,7 +20,7 @@ from sim.parallel.layout import partition_layers
 from sim.units import DTYPE_BYTES, MB
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import KERNEL_SETS, KernelSet
+from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
 from sim.workload.ops import GEMM, Op, elementwise
 
 # Bytes the optimizer step reads + writes per parameter it updates (memory-bound pass).
@@ -123,6 +123,21 @@ def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     return _layers(scenario, cost)
 
 
+def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, grad_elem_bytes: int) -> float:
+    """The data-parallel gradient bucket: ``parallel.bucket_MB`` when given, else the training stack's
+    default (Megatron-Core's for transformers, PyTorch DDP's for the other models)."""
+    if bucket_MB is not None:
+        return bucket_MB * MB
+    if transformer:
+        return megatron_bucket_params(data) * grad_elem_bytes
+    return DDP_BUCKET_BYTES
+
+
+def _bucket_bytes(scenario, grad_elem_bytes: int) -> float:
+    return grad_bucket_bytes(scenario.parallel.bucket_MB, transformer=scenario.model.kind == "transformer",
+                             data=scenario.parallel.data, grad_elem_bytes=grad_elem_bytes)
+
+
 def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: Block, unscale: Block | None,
             grad_bytes_per_gpu: float, cost: CostModel, info: JobInfo) -> TrainingJob:
     par, tr = scenario.parallel, scenario.training
@@ -156,7 +171,8 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
     return TrainingJob(
         dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
-        bucket_bytes=par.bucket_MB * MB, overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
+        bucket_bytes=_bucket_bytes(scenario, _grad_elem_bytes(tr.precision)),
+        overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
         decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
         steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
@@ -361,7 +377,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         act_by_stage.append(acts)
         # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights) and the
         # two p2p activation buffers.
-        buf = 2 * par.bucket_MB * MB if par.zero < 3 else 2 * layer_params * ebytes * par.data
+        buf = 2 * _bucket_bytes(scenario, gbytes) if par.zero < 3 else 2 * layer_params * ebytes * par.data
         buf_by_stage.append(buf + 2 * send)
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes,
                                             expert_by_stage if moe is not None else None)
@@ -374,6 +390,8 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
                                          data=par.data, zero=par.zero, gbytes=gbytes)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
+    job.bucket_bytes = _bucket_bytes(scenario, gbytes)
+    job.bucket_first_chunk_only = True  # every kernel set is a Megatron-family stack
     job.clip = clip if tr.grad_clip is not None else None
     if d.tied_embeddings and par.pipeline > 1:  # the word embeddings only (positions stay on stage 0)
         job.embedding_sync_bytes = math.ceil(d.vocab / t) * d.hidden * gbytes
@@ -503,7 +521,7 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         workspace = every * max((specs[i].activation_bytes * b for i in ids), default=0.0) if ck.kind == "full" else 0.0
         act_by_stage.append(inflight * kept + workspace)
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage,
-                                            [2 * par.bucket_MB * MB] * par.pipeline)
+                                            [2 * _bucket_bytes(scenario, gbytes)] * par.pipeline)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (

@@ -267,3 +267,32 @@ def test_deepspeed_pipeline_all_reduces_fp32_grads_under_zero1_and_partitions_p2
     activation = sc.training.micro_batch * sc.model.seq_len * sc.model.hidden * 2
     assert job.chunks[0].send_bytes == pytest.approx(activation / 2)
     assert job.gather_bytes == pytest.approx(activation)
+
+
+def test_megatron_core_buckets_only_the_first_stage_first_chunk() -> None:
+    """Megatron-Core's default bucket is max(40 M, 1 M × data) parameters; pipeline stages after the first
+    (and model chunks after the first) reduce each chunk's gradients in one piece once its last backward
+    is done, while the first stage's first chunk streams bucket after bucket."""
+    from sim.build import grad_bucket_bytes
+
+    assert grad_bucket_bytes(None, transformer=True, data=64, grad_elem_bytes=4) == 64e6 * 4
+    assert grad_bucket_bytes(None, transformer=True, data=8, grad_elem_bytes=4) == 40e6 * 4
+    assert grad_bucket_bytes(None, transformer=False, data=8, grad_elem_bytes=2) == 25e6  # PyTorch DDP
+    assert grad_bucket_bytes(3.0, transformer=True, data=8, grad_elem_bytes=4) == 3e6
+
+    sc = scenario_from_dict(_tiny(parallel__data=2, parallel__tensor=4, parallel__pipeline=2,
+                                  parallel__schedule="interleaved-1f1b", parallel__virtual_stages=2,
+                                  parallel__bucket_MB=0.001, parallel__overlap_grad_sync=True,
+                                  training__global_batch=8, simulation__symmetry="off"))
+    job, _ = build_job(sc, cost_model_for(sc))
+    r = simulate(sc)
+    for stage in (0, 1):
+        g = next(g for g in r.timeline.gpus if r.timeline.stage_of[g] == stage)
+        syncs = [s.args["bytes"] for s in r.timeline.spans if s.gpu == g and s.category == COMM_DP]
+        chunk_grads = [sum(lw.grad_bytes for lw in job.chunk_of(stage, c).layers) for c in range(2)]
+        if stage == 0:  # chunk 0 bucket by bucket (1 kB: one layer each), chunk 1 whole
+            assert len(syncs) == len(job.chunk_of(0, 0).layers) + 1
+            assert chunk_grads[1] in [pytest.approx(x) for x in syncs]
+        else:  # one collective per chunk
+            assert sorted(syncs) == pytest.approx(sorted(chunk_grads))
+        assert sum(syncs) == pytest.approx(sum(chunk_grads))

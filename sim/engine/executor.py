@@ -519,6 +519,9 @@ class TrainingExecutor:
         actions = self.schedule[stage]
         V = job.pp * job.virtual_stages
         last_grad_action = self._last_grad_actions(actions)
+
+        def bucketed(chunk: int) -> bool:
+            return not job.bucket_first_chunk_only or (stage == 0 and chunk == 0)
         static = job.static_bytes[stage] if job.static_bytes else 0.0
         self._memory(g, static)
         for step in range(job.steps):
@@ -577,9 +580,13 @@ class TrainingExecutor:
                             shard_bucket += lw.grad_bytes
                         elif has_grads and final and job.compression_ratio is None:
                             bucket += lw.grad_bytes
-                            if bucket >= job.bucket_bytes and job.overlap_grad_sync:
+                            if bucket >= job.bucket_bytes and job.overlap_grad_sync and bucketed(a.chunk):
                                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
                                 bucket = 0.0
+                    if final and bucket > 0 and job.overlap_grad_sync and not bucketed(a.chunk):
+                        # One bucket per model chunk: reduced once the chunk's last gradients are in.
+                        dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
+                        bucket = 0.0
                     if shard_bucket > 0:  # ZeRO-3 without overlap: this action's gradients, reduced now
                         yield self._dp_sync(g, "reduce_scatter", shard_bucket, step)
                         shard_bucket = 0.0

@@ -57,6 +57,7 @@ class TrainingJob:
     chunks: list[ChunkWork]  # index: virtual stage = chunk * pp + stage
     zero: int = 0
     bucket_bytes: float = 25e6
+    bucket_first_chunk_only: bool = False  # Megatron-Core: later stages/chunks reduce each chunk whole
     overlap_grad_sync: bool = True
     optimizer: Block = field(default_factory=lambda: Block("optimizer", 0.0))
     unscale: Block | None = None  # loss-scaling unscale + inf check (then a tiny all-reduce)

@@ -29,6 +29,7 @@ from sim.build import (
     _optimizer_block,
     build_job,
     cost_model_for,
+    grad_bucket_bytes,
     main_grad_bytes,
     megatron_optimizer,
     topology_for,
@@ -39,7 +40,7 @@ from sim.engine.job import Block
 from sim.errors import ScenarioError
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing
-from sim.units import DTYPE_BYTES, MB
+from sim.units import DTYPE_BYTES
 from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS
 from sim.workload.ops import elementwise
@@ -146,7 +147,7 @@ class Estimator:
         self.gbytes = main_grad_bytes(self.precision, self.kernels)  # fp32 main grads with Megatron + bf16
         self.global_batch = tr.global_batch
         self.optimizer = "sgd" if tr.optimizer == "sgd" else "adam"
-        self.bucket_bytes = par.bucket_MB * MB
+        self.bucket_MB = par.bucket_MB
         self.overlap_grad_sync = par.overlap_grad_sync
         self.capacity = scenario.gpu.memory_bytes
         self.comm_slowdown = scenario.gpu.comm_compute_slowdown
@@ -253,6 +254,10 @@ class Estimator:
         return st["weights"] + st["gradients"] + st["optimizer"]
 
     # ---- step time ----------------------------------------------------------------------------
+    def _bucket_bytes(self, dp: int) -> float:
+        """The candidate's gradient bucket (the stack's default depends on its data-parallel size)."""
+        return grad_bucket_bytes(self.bucket_MB, transformer=True, data=dp, grad_elem_bytes=self.gbytes)
+
     def _dp_buckets_s(self, op: str, group: list[int], grads_bytes: float, layer_grad_bytes: float) -> float:
         """The gradient sync as the executor runs it: layers' gradients gathered into buckets of at least
         ``bucket_MB`` (one collective each, serialised on the DP stream); one collective of everything
@@ -261,7 +266,7 @@ class Estimator:
             return 0.0
         if not self.overlap_grad_sync or layer_grad_bytes <= 0:
             return self.collective_s(op, "dp", group, grads_bytes)
-        per_bucket = max(1, -(-self.bucket_bytes // layer_grad_bytes)) * layer_grad_bytes
+        per_bucket = max(1, -(-self._bucket_bytes(len(group)) // layer_grad_bytes)) * layer_grad_bytes
         full, rest = divmod(grads_bytes, per_bucket)
         return full * self.collective_s(op, "dp", group, per_bucket) + self.collective_s(op, "dp", group, rest)
 
@@ -317,7 +322,7 @@ class Estimator:
                 after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero in (1, 2) else 0.0
             if self.overlap_grad_sync and c.zero < 3:
                 overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
-                last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self.bucket_bytes), layer_grads)
+                last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
                 hidden = max(0.0, min(sync - last_bucket, overlap))
                 # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
                 slowed = hidden * self.comm_slowdown / (1 + self.comm_slowdown)

@@ -24,7 +24,12 @@ class Parallel(_Strict):
     zero: int = Field(
         0, ge=0, le=3, description="ZeRO stage: 0 = DDP, 1 optimizer, 2 +gradients, 3 +weights (FSDP)"
     )
-    bucket_MB: float = Field(25.0, ge=1e-3, le=1e9, description="DDP gradient bucket size, MB (1 kB to 1 PB)")
+    bucket_MB: float | None = Field(
+        None, ge=1e-3, le=1e9,
+        description="gradient bucket size, MB (1 kB to 1 PB); default: the training stack's — for transformers "
+        "Megatron-Core's max(40 M, 1 M × data) parameters, bucketed on the first pipeline stage's first "
+        "model chunk only; otherwise PyTorch DDP's 25 MB",
+    )
     overlap_grad_sync: bool = Field(
         True,
         description="overlap the gradient all-reduce with the backward pass; default: what "

@@ -231,7 +231,7 @@ class Scenario(_Strict):
 
 # Optional keys left out of the resolved form when not given (so resolved files of scenarios that do not
 # use them read as before).
-OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "expert"), ("parallel", "context"),
+OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "bucket_MB"), ("parallel", "expert"), ("parallel", "context"),
                  ("parallel", "context_attention"), ("cluster", "jitter"),
                  ("cluster", "random_stragglers"), *(("model", f) for f in MOE_FIELDS))
 

@@ -96,4 +96,16 @@ KERNEL_SETS: dict[str, KernelSet] = {
     )
 }
 KERNEL_SET_NAMES = tuple(KERNEL_SETS)
+
+# PyTorch DistributedDataParallel's default bucket_cap_mb (torch/nn/parallel/distributed.py).
+DDP_BUCKET_BYTES = 25e6
+
+
+def megatron_bucket_params(data_parallel: int) -> int:
+    """Megatron-Core's default gradient bucket, in parameters: max(40 M, 1 M × data-parallel size), "so
+    that chunks used in NCCL ring-reduce stay bandwidth-bound" (megatron/core/distributed/
+    distributed_data_parallel.py, ``DistributedDataParallelConfig.bucket_size``). Every kernel set here is
+    a Megatron-family stack; the same file turns bucketing off on pipeline stages after the first and
+    (``disable_bucketing``) on model chunks after the first: those reduce each chunk's gradients whole."""
+    return max(40_000_000, 1_000_000 * data_parallel)
 DEFAULT_KERNEL_SET = "transformer-engine"

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sim.build import grad_bucket_bytes
 from sim.errors import ScenarioError
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
+from sim.training.step_work import grad_bucket_bytes
 
 if TYPE_CHECKING:
     from sim.engine.world import World

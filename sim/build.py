@@ -13,31 +13,16 @@ from sim import memory as mem
 from sim.cost.base import INTER_NODE, INTRA_NODE, CostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
-from sim.engine.timeline import CLIP_GRAD, DATA, GRAD_ACCUM
+from sim.engine.timeline import DATA
 from sim.hardware.topology import Topology
 from sim.parallel import context as ctx
 from sim.parallel.layout import partition_layers
-from sim.units import DTYPE_BYTES, MB
+from sim.training import step_work as sw
+from sim.units import DTYPE_BYTES
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
-from sim.workload.ops import GEMM, Op, elementwise
-
-# Bytes the optimizer step reads + writes per parameter it updates (memory-bound pass).
-# Mixed-precision Adam: read fp32 master, m, v, fp32 grad (16), write master, m, v (12) + 16-bit copy (2).
-# fp32 Adam: read 16, write 12. SGD with momentum: read master, momentum, grad; write master, momentum.
-OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 22, ("sgd", False): 20}
-# Megatron's optimizer step per parameter of its shard (megatron/optimizer/optimizer.py,
-# Float16OptimizerWithFloat16Params.step): apex FusedAdam reads fp32 param, grad, m, v (16) and writes
-# param, m, v (12); copying the fp32 params to the 16-bit model reads 4 and writes 2; zeroing the fp32
-# main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
-# fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
-# which a stable run rarely does: not priced.
-MEGATRON_ADAM_BYTES_PER_PARAM = 28 + 6 + 4
-CLIP_NORM_BYTES_PER_GRAD = 4
-# Host→device copy of a micro-batch's int64 tokens and labels (Megatron's get_batch): PCIe 4.0 x16,
-# ~25 GB/s achieved of 31.5 GB/s (PCI-SIG rate; NVIDIA bandwidthTest figures on DGX A100).
-H2D_Bps = 25e9
+from sim.workload.kernels import KERNEL_SETS
+from sim.workload.ops import elementwise
 
 
 def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel:
@@ -84,31 +69,6 @@ class JobInfo:
     notes: list[str] = field(default_factory=list)
 
 
-def _ops_time_s(cost: CostModel, ops, host_s: float = 0.0) -> float:
-    """Device time of kernels launched back to back, or the host's time to dispatch them if longer (the
-    CPU-bound regime of small kernels: PyTorch eager spends ``host_s`` per operator)."""
-    return max(sum(cost.op_time_s(op) for op in ops), len(ops) * host_s)
-
-
-def _blocks(cost: CostModel, segments, prefix: str = "", host_s: float = 0.0) -> tuple[Block, ...]:
-    out = []
-    for i, seg in enumerate(segments):
-        dur = _ops_time_s(cost, seg.ops, host_s)
-        name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
-        out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops)))
-    return tuple(out)
-
-
-def _op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op], host_s: float = 0.0) -> tuple[Block, ...]:
-    if not ops:
-        return ()
-    return (Block(name, _ops_time_s(cost, ops, host_s), None, 0.0, sum(op.flops for op in ops)),)
-
-
-def _grad_elem_bytes(precision: str) -> int:
-    return 4 if precision in ("fp32", "tf32") else 2
-
-
 def _stage_chunks(n_layers: int, pp: int, v: int, counts: list[int] | None = None) -> list[list[int]]:
     """Layer indices of each virtual stage (index vs = chunk * pp + stage); ``counts`` = parallel.stage_layers."""
     return partition_layers(n_layers, pp * v, counts)
@@ -123,18 +83,8 @@ def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     return _layers(scenario, cost)
 
 
-def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, grad_elem_bytes: int) -> float:
-    """The data-parallel gradient bucket: ``parallel.bucket_MB`` when given, else the training stack's
-    default (Megatron-Core's for transformers, PyTorch DDP's for the other models)."""
-    if bucket_MB is not None:
-        return bucket_MB * MB
-    if transformer:
-        return megatron_bucket_params(data) * grad_elem_bytes
-    return DDP_BUCKET_BYTES
-
-
 def _bucket_bytes(scenario, grad_elem_bytes: int) -> float:
-    return grad_bucket_bytes(scenario.parallel.bucket_MB, transformer=scenario.model.kind == "transformer",
+    return sw.grad_bucket_bytes(scenario.parallel.bucket_MB, transformer=scenario.model.kind == "transformer",
                              data=scenario.parallel.data, grad_elem_bytes=grad_elem_bytes)
 
 
@@ -158,23 +108,23 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
     ratio = None
     if gc is not None:
         ratio = gc.ratio
-        e = _grad_elem_bytes(tr.precision)
+        e = sw.grad_elem_bytes(tr.precision)
         n = grad_bytes_per_gpu / e  # gradient elements on this GPU
         k = n * ratio
         # Top-k by radix select over fp32 magnitudes: 4 passes of 8-bit digits, each reading every
         # element, then writing k values + indices. Decompress: zero a dense fp32 buffer and
         # scatter-add the dp·k received pairs.
-        compress = _op_block(cost, "topk compress", [
+        compress = sw.op_block(cost, "topk compress", [
             elementwise("topk radix select", 4 * 4 * n + k * (e + 4), "fp32")])[0]
-        decompress = _op_block(cost, "topk decompress", [
+        decompress = sw.op_block(cost, "topk decompress", [
             elementwise("topk scatter-add", 4 * n + par.data * k * (e + 4 + 2 * 4), "fp32")])[0]
     return TrainingJob(
         dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
-        bucket_bytes=_bucket_bytes(scenario, _grad_elem_bytes(tr.precision)),
+        bucket_bytes=_bucket_bytes(scenario, sw.grad_elem_bytes(tr.precision)),
         overlap_grad_sync=par.overlap_grad_sync, optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
-        decompress=decompress, grad_elem_bytes=_grad_elem_bytes(tr.precision), static_bytes=static,
+        decompress=decompress, grad_elem_bytes=sw.grad_elem_bytes(tr.precision), static_bytes=static,
         steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
     )
 
@@ -202,33 +152,10 @@ def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[
     return out
 
 
-def _optimizer_block(cost: CostModel, scenario, params_per_gpu: float) -> tuple[Block, Block | None]:
-    par, tr = scenario.parallel, scenario.training
-    mixed = tr.precision not in ("fp32", "tf32")
-    opt = "sgd" if tr.optimizer == "sgd" else "adam"
-    shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
-    opt_block = _op_block(cost, "optimizer step", [
-        elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32")])[0]
-    unscale = None
-    if tr.loss_scaling.kind != "none":
-        # Unscale (multiply by 1/S) and check for inf/NaN: read and write the fp32 gradients once.
-        grads = params_per_gpu / (par.data * par.cp if par.zero >= 2 else 1)
-        unscale = _op_block(cost, "unscale+inf check", [elementwise("unscale", grads * 8, "fp32")])[0]
-    return opt_block, unscale
-
-
-def _single_gpu_optimizer_s(cost: CostModel, scenario, params: float) -> float:
-    """One optimizer step over all parameters on one GPU (the T_1 reference job)."""
-    tr = scenario.training
-    mixed = tr.precision not in ("fp32", "tf32")
-    opt = "sgd" if tr.optimizer == "sgd" else "adam"
-    return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
-
-
 # ---- synthetic ------------------------------------------------------------------------------------
 def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, par, tr = scenario.model, scenario.parallel, scenario.training
-    e = _grad_elem_bytes(tr.precision)
+    e = sw.grad_elem_bytes(tr.precision)
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     for layer_ids in parts:
@@ -263,7 +190,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     ks = KERNEL_SETS[tr.kernels]
     act_dtype = "bf16" if dtype == "fp8" else dtype
     ebytes = DTYPE_BYTES[act_dtype]
-    gbytes = main_grad_bytes(dtype, ks)
+    gbytes = sw.main_grad_bytes(dtype, ks)
     moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
     # Context parallelism: each GPU works on seq/cp tokens of every sequence (sim.parallel.context).
     cp, seq = par.cp, m.seq_len // par.cp
@@ -276,14 +203,14 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
                                kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     host = ks.host_dispatch_us * 1e-6
-    fwd = _blocks(cost, lo.forward, host_s=host)
-    bwd = _blocks(cost, lo.backward_input, host_s=host)
-    wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
+    fwd = sw.blocks(cost, lo.forward, host_s=host)
+    bwd = sw.blocks(cost, lo.backward_input, host_s=host)
+    wgt = sw.weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
         ring = cp if (par.context_attention or "ring") == "ring" else 1  # a ring block is one of cp steps
-        recompute = _op_block(cost, "attention",
+        recompute = sw.op_block(cost, "attention",
                               [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)] * ring, host)
     else:
         recompute = ()
@@ -327,23 +254,23 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     send = activation / t if split_p2p else activation
     gather = activation if (t > 1 and ks.scatter_gather_p2p and not sp and vsn > 1) else 0.0
     # The embedding's gradient is a dense V/t × h tensor accumulated into main_grad by a hook (never fused).
-    emb_accumulate = _accumulate_block(cost, emb_params, gbytes, ebytes, ks, force=True)
+    emb_accumulate = sw.accumulate_block(cost, emb_params, gbytes, ebytes, ks, force=True)
     chunks = []
     for vs, ids in enumerate(parts):
         works = []
         if vs == 0:
-            works.append(LayerWork("embedding", _blocks(cost, emb.forward, host_s=host),
-                                   _blocks(cost, emb.backward_input, host_s=host),
-                                   _op_block(cost, "wgrad", emb.backward_weight, host) + emb_accumulate, (),
+            works.append(LayerWork("embedding", sw.blocks(cost, emb.forward, host_s=host),
+                                   sw.blocks(cost, emb.backward_input, host_s=host),
+                                   sw.op_block(cost, "wgrad", emb.backward_weight, host) + emb_accumulate, (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
                                    activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1)))
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
             logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
-            works.append(LayerWork("head", _blocks(cost, head.forward, host_s=host),
-                                   _blocks(cost, head.backward_input, host_s=host),
-                                   weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
+            works.append(LayerWork("head", sw.blocks(cost, head.forward, host_s=host),
+                                   sw.blocks(cost, head.backward_input, host_s=host),
+                                   sw.weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
                                    activation_bytes=logits_act))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
@@ -385,8 +312,8 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     # Every kernel set is a Megatron-family stack: its step is a norm pass, fused Adam, the copy to the
     # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
     held = max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True))
-    _, unscale = _optimizer_block(cost, scenario, held)
-    opt_block, clip = megatron_optimizer(cost, precision=dtype, optimizer=tr.optimizer, params_per_gpu=held,
+    _, unscale = sw.optimizer_block(cost, scenario, held)
+    opt_block, clip = sw.megatron_optimizer(cost, precision=dtype, optimizer=tr.optimizer, params_per_gpu=held,
                                          data=par.data, zero=par.zero, gbytes=gbytes)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
@@ -396,7 +323,7 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     if d.tied_embeddings and par.pipeline > 1:  # the word embeddings only (positions stay on stage 0)
         job.embedding_sync_bytes = math.ceil(d.vocab / t) * d.hidden * gbytes
     tokens_bytes = 2 * b * seq * 8  # int64 tokens and labels
-    job.data = Block("load micro-batch", tokens_bytes / H2D_Bps + cost.op_time_s(
+    job.data = Block("load micro-batch", tokens_bytes / sw.H2D_Bps + cost.op_time_s(
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
     job.blocking_p2p = ks.blocking_p2p
     job.grad_all_reduce = ks.zero1_grad_all_reduce and tr.precision in ("bf16", "fp8")
@@ -426,65 +353,13 @@ def _compute_time_s(job: TrainingJob) -> float:
     return per_mb * job.microbatches + step
 
 
-def main_grad_bytes(precision: str, ks: KernelSet) -> int:
-    """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
-    fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
-    if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):
-        return 4
-    return _grad_elem_bytes(precision)
-
-
-def _accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
-                      force: bool = False) -> tuple[Block, ...]:
-    """The per-micro-batch ``main_grad.add_(grad)`` pass: read the new gradient and the accumulator, write
-    the accumulator. Absent when the wgrad GEMM accumulates in place (gradient-accumulation fusion),
-    unless ``force`` (parameters the fusion does not cover, e.g. embeddings)."""
-    if params <= 0 or (ks.gradient_accumulation_fusion and not force):
-        return ()
-    op = elementwise("main_grad accumulate", params * (ebytes + 2 * gbytes), "fp32", flops=params)
-    return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
-
-
-def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
-                   ebytes: int) -> tuple[Block, ...]:
-    """Weight-gradient GEMMs and their accumulation into main_grad. With gradient-accumulation fusion the
-    GEMM reads and writes its fp32 output (β = 1) instead of writing a 16-bit one."""
-    if ks.gradient_accumulation_fusion and gbytes > ebytes:
-        import dataclasses
-
-        wgrads = tuple(dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
-                       if op.kind == GEMM else op for op in wgrads)
-    return (_op_block(cost, "wgrad", wgrads, ks.host_dispatch_us * 1e-6)
-            + _accumulate_block(cost, params, gbytes, ebytes, ks))
-
-
-def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, params_per_gpu: float, data: int,
-                       zero: int, gbytes: int) -> tuple[Block, Block]:
-    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts
-    above). The planner's screen prices the step with this too."""
-    mixed = precision not in ("fp32", "tf32")
-    shard = params_per_gpu / (data if zero >= 1 else 1)
-    grads = params_per_gpu / (data if zero >= 2 else 1)
-    if optimizer == "sgd" or not mixed:
-        opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
-            ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]
-    else:
-        opt_ops = [elementwise("fused adam", shard * 28, "fp32"),
-                   elementwise("copy params to 16-bit", shard * 6, "fp32"),
-                   elementwise("zero main_grad", grads * gbytes, "fp32")]
-    opt = _op_block(cost, "optimizer step", opt_ops)[0]
-    norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
-    clip = Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
-    return opt, clip
-
-
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------
 def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     b, dtype = tr.micro_batch, tr.precision
-    gbytes, ebytes = _grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
+    gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
     specs = m.to_layers()
     parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
@@ -496,9 +371,9 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         for i in ids:
             sp_ = specs[i]
             lo = generic_layer_ops(sp_, micro_batch=b, dtype=dtype)
-            fwd = _op_block(cost, "fwd", [op for s in lo.forward for op in s.ops])
-            bwd = _op_block(cost, "dgrad", [op for s in lo.backward_input for op in s.ops])
-            wgt = _op_block(cost, "wgrad", lo.backward_weight)
+            fwd = sw.op_block(cost, "fwd", [op for s in lo.forward for op in s.ops])
+            bwd = sw.op_block(cost, "dgrad", [op for s in lo.backward_input for op in s.ops])
+            wgt = sw.op_block(cost, "wgrad", lo.backward_weight)
             recompute = fwd if ck.kind == "full" else ()
             single += sum(x.dur_s for x in fwd + bwd + wgt + recompute)
             # Full checkpointing keeps one layer input in `every`; without it the layer keeps its activations.
@@ -526,8 +401,8 @@ def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (
         sum(x.forward_flops for x in specs) * tr.global_batch if ck.kind == "full" else 0.0)
-    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
-    info.single_gpu_time_s = single * scenario.microbatches * par.data + _single_gpu_optimizer_s(
+    opt_block, unscale = sw.optimizer_block(cost, scenario, max(params_by_stage))
+    info.single_gpu_time_s = single * scenario.microbatches * par.data + sw.single_gpu_optimizer_s(
         cost, scenario, info.params_total)
-    opt_block, unscale = _optimizer_block(cost, scenario, max(params_by_stage))
+    opt_block, unscale = sw.optimizer_block(cost, scenario, max(params_by_stage))
     return _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info), info

@@ -232,7 +232,7 @@ def test_memory_track_holds_the_recompute_workspace() -> None:
 
 def test_small_kernels_are_bound_by_host_dispatch() -> None:
     """A block of many tiny kernels takes n × host dispatch time, not the sum of their device times."""
-    from sim.build import _ops_time_s
+    from sim.training.step_work import ops_time_s as _ops_time_s
     from sim.workload.ops import elementwise
 
     cost = RooflineCostModel(A100)
@@ -273,7 +273,7 @@ def test_megatron_core_buckets_only_the_first_stage_first_chunk() -> None:
     """Megatron-Core's default bucket is max(40 M, 1 M × data) parameters; pipeline stages after the first
     (and model chunks after the first) reduce each chunk's gradients in one piece once its last backward
     is done, while the first stage's first chunk streams bucket after bucket."""
-    from sim.build import grad_bucket_bytes
+    from sim.training.step_work import grad_bucket_bytes
 
     assert grad_bucket_bytes(None, transformer=True, data=64, grad_elem_bytes=4) == 64e6 * 4
     assert grad_bucket_bytes(None, transformer=True, data=8, grad_elem_bytes=4) == 40e6 * 4

@@ -21,25 +21,23 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from sim import memory as mem
-from sim.build import (
-    H2D_Bps,
-    _accumulate_block,
-    _blocks,
-    _op_block,
-    _optimizer_block,
-    build_job,
-    cost_model_for,
-    grad_bucket_bytes,
-    main_grad_bytes,
-    megatron_optimizer,
-    topology_for,
-    weight_blocks,
-)
+from sim.build import build_job, cost_model_for, topology_for
 from sim.engine import algorithms as alg
 from sim.engine.job import Block
 from sim.errors import ScenarioError
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing
+from sim.training.step_work import (
+    H2D_Bps,
+    accumulate_block,
+    blocks,
+    grad_bucket_bytes,
+    main_grad_bytes,
+    megatron_optimizer,
+    op_block,
+    optimizer_block,
+    weight_blocks,
+)
 from sim.units import DTYPE_BYTES
 from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS
@@ -203,23 +201,23 @@ class Estimator:
             return sum(self.collective_s(x.comm, "tp", group, x.comm_bytes) for x in blocks if x.comm) if t > 1 else 0.0
 
         gb, eb = self.gbytes, self.ebytes
-        fwd = _blocks(cost, lo.forward, host_s=host)
-        bwd = _blocks(cost, lo.backward_input, host_s=host)
+        fwd = blocks(cost, lo.forward, host_s=host)
+        bwd = blocks(cost, lo.backward_input, host_s=host)
         wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gb, eb)
         if ckpt == "full":
             recompute = fwd
         elif ckpt == "selective":
-            recompute = _op_block(cost, "attention", [op for s in lo.forward for op in s.ops
+            recompute = op_block(cost, "attention", [op for s in lo.forward for op in s.ops
                                                        if tf.is_attention_core(op)], host)
         else:
             recompute = ()
         emb = tf.embedding_ops(d, **kw)
         head = tf.head_ops(d, **kw)
         emb_params = tf.embedding_params(d) / t
-        emb_blocks = (_blocks(cost, emb.forward, host_s=host) + _blocks(cost, emb.backward_input, host_s=host)
-                      + _op_block(cost, "wgrad", emb.backward_weight, host)
-                      + _accumulate_block(cost, emb_params, gb, eb, ks, force=True))
-        head_blocks = (_blocks(cost, head.forward, host_s=host) + _blocks(cost, head.backward_input, host_s=host)
+        emb_blocks = (blocks(cost, emb.forward, host_s=host) + blocks(cost, emb.backward_input, host_s=host)
+                      + op_block(cost, "wgrad", emb.backward_weight, host)
+                      + accumulate_block(cost, emb_params, gb, eb, ks, force=True))
+        head_blocks = (blocks(cost, head.forward, host_s=host) + blocks(cost, head.backward_input, host_s=host)
                        + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb))
         return _LayerTimes(
             fwd=_dur(fwd),
@@ -341,7 +339,7 @@ class Estimator:
         mp_group = lay.mp_group(0)
         tail += opt.dur_s
         if self.scenario.training.loss_scaling.kind != "none":
-            _, unscale = _optimizer_block(self.cost, self.scenario_for(c), held)
+            _, unscale = optimizer_block(self.cost, self.scenario_for(c), held)
             tail += (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
         if self.scenario.training.grad_clip is not None:
             tail += clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)

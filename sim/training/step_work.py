@@ -1,0 +1,148 @@
+"""The work of a training step besides the layers' own kernels, as the Megatron family runs it: pricing op
+lists into engine blocks (with the host-dispatch bound), the fp32 main-grad accumulation pass, gradient
+buckets, and the optimizer and gradient-norm passes. The simulation (sim/build.py) and the planner's screen
+(sim/explore/estimate.py) both price a step with these, so they agree by construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from sim.cost.base import CostModel
+from sim.engine.job import Block
+from sim.engine.timeline import CLIP_GRAD, GRAD_ACCUM
+from sim.units import MB
+from sim.workload.kernels import DDP_BUCKET_BYTES, KernelSet, megatron_bucket_params
+from sim.workload.ops import GEMM, Op, elementwise
+from sim.workload.transformer import Segment
+
+if TYPE_CHECKING:
+    from sim.scenario.schema import Scenario
+
+# Bytes the optimizer step reads + writes per parameter it updates (memory-bound pass).
+# Mixed-precision Adam: read fp32 master, m, v, fp32 grad (16), write master, m, v (12) + 16-bit copy (2).
+# fp32 Adam: read 16, write 12. SGD with momentum: read master, momentum, grad; write master, momentum.
+OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 22, ("sgd", False): 20}
+# Megatron's optimizer step per parameter of its shard (megatron/optimizer/optimizer.py,
+# Float16OptimizerWithFloat16Params.step): apex FusedAdam reads fp32 param, grad, m, v (16) and writes
+# param, m, v (12); copying the fp32 params to the 16-bit model reads 4 and writes 2; zeroing the fp32
+# main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
+# fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
+# which a stable run rarely does: not priced.
+MEGATRON_ADAM_BYTES_PER_PARAM = 28 + 6 + 4
+CLIP_NORM_BYTES_PER_GRAD = 4
+# Host→device copy of a micro-batch's int64 tokens and labels (Megatron's get_batch): PCIe 4.0 x16,
+# ~25 GB/s achieved of 31.5 GB/s (PCI-SIG rate; NVIDIA bandwidthTest figures on DGX A100).
+H2D_Bps = 25e9
+
+
+def ops_time_s(cost: CostModel, ops: Sequence[Op], host_s: float = 0.0) -> float:
+    """Device time of kernels launched back to back, or the host's time to dispatch them if longer (the
+    CPU-bound regime of small kernels: PyTorch eager spends ``host_s`` per operator)."""
+    return max(sum(cost.op_time_s(op) for op in ops), len(ops) * host_s)
+
+
+def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_s: float = 0.0) -> tuple[Block, ...]:
+    """One engine block per segment: its ops back to back, then its collective."""
+    out = []
+    for i, seg in enumerate(segments):
+        dur = ops_time_s(cost, seg.ops, host_s)
+        name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
+        out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops)))
+    return tuple(out)
+
+
+def op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op], host_s: float = 0.0) -> tuple[Block, ...]:
+    if not ops:
+        return ()
+    return (Block(name, ops_time_s(cost, ops, host_s), None, 0.0, sum(op.flops for op in ops)),)
+
+
+def grad_elem_bytes(precision: str) -> int:
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, grad_elem_bytes: int) -> float:
+    """The data-parallel gradient bucket: ``parallel.bucket_MB`` when given, else the training stack's
+    default (Megatron-Core's for transformers, PyTorch DDP's for the other models)."""
+    if bucket_MB is not None:
+        return bucket_MB * MB
+    if transformer:
+        return megatron_bucket_params(data) * grad_elem_bytes
+    return DDP_BUCKET_BYTES
+
+
+def optimizer_block(cost: CostModel, scenario: Scenario, params_per_gpu: float) -> tuple[Block, Block | None]:
+    par, tr = scenario.parallel, scenario.training
+    assert par is not None and tr is not None, "a training scenario has parallel and training sections"
+    mixed = tr.precision not in ("fp32", "tf32")
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
+    shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
+    opt_block = op_block(cost, "optimizer step", [
+        elementwise(f"{tr.optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32")])[0]
+    unscale = None
+    if tr.loss_scaling.kind != "none":
+        # Unscale (multiply by 1/S) and check for inf/NaN: read and write the fp32 gradients once.
+        grads = params_per_gpu / (par.data * par.cp if par.zero >= 2 else 1)
+        unscale = op_block(cost, "unscale+inf check", [elementwise("unscale", grads * 8, "fp32")])[0]
+    return opt_block, unscale
+
+
+def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -> float:
+    """One optimizer step over all parameters on one GPU (the T_1 reference job)."""
+    tr = scenario.training
+    assert tr is not None, "a training scenario has a training section"
+    mixed = tr.precision not in ("fp32", "tf32")
+    opt = "sgd" if tr.optimizer == "sgd" else "adam"
+    return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
+
+
+def main_grad_bytes(precision: str, ks: KernelSet) -> int:
+    """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
+    fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
+    if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):
+        return 4
+    return grad_elem_bytes(precision)
+
+
+def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
+                      force: bool = False) -> tuple[Block, ...]:
+    """The per-micro-batch ``main_grad.add_(grad)`` pass: read the new gradient and the accumulator, write
+    the accumulator. Absent when the wgrad GEMM accumulates in place (gradient-accumulation fusion),
+    unless ``force`` (parameters the fusion does not cover, e.g. embeddings)."""
+    if params <= 0 or (ks.gradient_accumulation_fusion and not force):
+        return ()
+    op = elementwise("main_grad accumulate", params * (ebytes + 2 * gbytes), "fp32", flops=params)
+    return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
+
+
+def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
+                   ebytes: int) -> tuple[Block, ...]:
+    """Weight-gradient GEMMs and their accumulation into main_grad. With gradient-accumulation fusion the
+    GEMM reads and writes its fp32 output (β = 1) instead of writing a 16-bit one."""
+    if ks.gradient_accumulation_fusion and gbytes > ebytes:
+        wgrads = tuple(dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
+                       if op.kind == GEMM else op for op in wgrads)
+    return (op_block(cost, "wgrad", wgrads, ks.host_dispatch_us * 1e-6)
+            + accumulate_block(cost, params, gbytes, ebytes, ks))
+
+
+def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, params_per_gpu: float, data: int,
+                       zero: int, gbytes: int) -> tuple[Block, Block]:
+    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts
+    above). The planner's screen prices the step with this too."""
+    mixed = precision not in ("fp32", "tf32")
+    shard = params_per_gpu / (data if zero >= 1 else 1)
+    grads = params_per_gpu / (data if zero >= 2 else 1)
+    if optimizer == "sgd" or not mixed:
+        opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
+            ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]
+    else:
+        opt_ops = [elementwise("fused adam", shard * 28, "fp32"),
+                   elementwise("copy params to 16-bit", shard * 6, "fp32"),
+                   elementwise("zero main_grad", grads * gbytes, "fp32")]
+    opt = op_block(cost, "optimizer step", opt_ops)[0]
+    norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
+    clip = Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
+    return opt, clip

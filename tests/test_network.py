@@ -89,7 +89,7 @@ def test_random_allocations_are_feasible_and_max_min_fair() -> None:
         for i, p in enumerate(paths):
             n.transfer([(p, 1.0)], 1e9, 0.0, Rec(env), i)
         env.run(until=1e-9)
-        rates = n._rate
+        rates = [r for _, r in n.rates()]
         # Reference progressive filling.
         ref = np.zeros(len(paths))
         frozen = np.zeros(len(paths), bool)

@@ -1,16 +1,25 @@
-"""Fluid network: transfers share link bandwidth max-min fairly, recomputed at every change.
+"""Fluid network: transfers share link bandwidth max-min fairly, recomputed incrementally at every change.
 
-A transfer waits its route's latency, then its bytes flow at a rate set by progressive filling over all
+A transfer waits its route's latency, then its bytes flow at a rate set by progressive filling over the
 active flows (each link's capacity split fairly among the flows crossing it; flows limited elsewhere
 leave their share to others). Rates change only when a flow starts or ends, so the network is itself a
-discrete-event process on the SimPy clock: one wake-up per batch of simultaneous changes, however many
-flows are active. A transfer may be split over several routes (NCCL channels over several NICs); it
-completes when all its parts have.
+discrete-event process on the SimPy clock: one wake-up per batch of simultaneous changes.
+
+Incremental: max-min fairness decomposes over the connected components of the flows that share
+*binding* links, a link being binding when the flows crossing it could together exceed it (the sum of
+their routes' bottleneck capacities is above its capacity; a link that cannot fill never limits anyone,
+so dropping it changes no rate). A batch of changes recomputes only the components of the flows that
+share a binding link with a flow that started or ended; a flow alone on its binding links just takes
+its route's bottleneck. Each flow keeps its bytes left at its last rate change and its finish time sits
+in a heap, so a wake-up touches only the flows that finish. ``max_min_rates`` is the from-scratch,
+vectorised allocation (used for large components; tests hold the incremental rates to it). A transfer
+may be split over several routes (NCCL channels over several NICs); it completes when all its parts have.
 """
 
 from __future__ import annotations
 
-from itertools import chain
+import heapq
+import math
 from typing import Protocol
 
 import numpy as np
@@ -19,6 +28,9 @@ import simpy
 from sim.errors import ScenarioError
 
 MAX_TRANSFER_S = 1e12  # ~31,700 years: beyond this, float time has no resolution left for the rest of a run
+LEVEL_TOL = 1e-12  # relative: links whose fair share is this close to the lowest fill at the same level
+BINDING_TOL = 1e-9  # relative: a link whose flows' bottlenecks sum to within this of its capacity counts as binding
+NUMPY_MIN_FLOWS = 64  # components at least this large are solved with the vectorised max_min_rates
 
 
 class TransferOwner(Protocol):
@@ -26,7 +38,7 @@ class TransferOwner(Protocol):
 
 
 class _Flow:
-    __slots__ = ("links", "size", "parent", "owner", "tag")
+    __slots__ = ("links", "size", "parent", "owner", "tag", "seq", "rem", "t0", "rate", "finish", "top", "ver")
 
     def __init__(self, links: tuple[int, ...], size: float, parent: _Transfer | None, owner, tag: int):
         self.links = links
@@ -34,6 +46,13 @@ class _Flow:
         self.parent = parent  # set when the transfer is split over several routes
         self.owner = owner
         self.tag = tag
+        self.seq = -1  # activation order (set when it starts to flow); -1 before, -2 once finished
+        self.rem = size  # bytes left at time t0
+        self.t0 = 0.0
+        self.rate = 0.0
+        self.finish = math.inf
+        self.top = 0.0  # its route's bottleneck capacity
+        self.ver = 0  # bumped at every rate change: older heap entries are stale
 
 
 class _Transfer:
@@ -61,20 +80,21 @@ class Network:
     def __init__(self, env: simpy.Environment, capacity_Bps: np.ndarray):
         self.env = env
         self.capacity_Bps = np.asarray(capacity_Bps, dtype=float)
+        self._cap: list[float] = self.capacity_Bps.tolist()
         self.link_bytes = np.zeros_like(self.capacity_Bps)
-        # Active flows, as parallel arrays (flow index f) and a flat link-entry list (entry e).
-        self._obj = np.empty(0, dtype=object)
-        self._rem = np.zeros(0)
-        self._size = np.zeros(0)
-        self._rate = np.zeros(0)
-        self._el = np.zeros(0, dtype=np.int64)  # entry -> link id
-        self._ef = np.zeros(0, dtype=np.int64)  # entry -> flow index
+        n_links = len(self._cap)
+        self._on: list[dict[int, _Flow]] = [{} for _ in range(n_links)]  # link -> active flows (by seq, ordered)
+        self._demand = [0.0] * n_links  # link -> sum of its flows' route bottlenecks
+        self._bind_at = [c * (1.0 - BINDING_TOL) for c in self._cap]  # demand above this: binding
+        self._n_active = 0
+        self._seq = 0
+        self._heap: list[tuple[float, int, int, _Flow]] = []  # (finish, seq, ver, flow)
         self._new: list[_Flow] = []
+        self._touched: dict[int, bool] = {}  # links changed since the last recompute -> was binding before
         self._pending: dict[float, list[_Flow]] = {}
-        self._last_t = 0.0
         self._version = 0
+        self._wake_at = math.inf
         self._recompute_due = False
-        self._due = np.zeros(0, dtype=bool)  # flows the pending wake-up finishes (by arithmetic)
         self.transfers = 0  # transfers started (statistics)
         self.flow_events = 0  # flow starts + completions (statistics)
         self.rate_updates = 0
@@ -118,19 +138,18 @@ class Network:
 
     @property
     def active_flows(self) -> int:
-        return len(self._obj) + len(self._new)
+        return self._n_active + len(self._new)
+
+    def rates(self) -> list[tuple[tuple[int, ...], float]]:
+        """(links, rate) of every flowing flow, in activation order (tests compare them to max_min_rates)."""
+        seen: dict[int, _Flow] = {}
+        for flows in self._on:
+            seen.update(flows)
+        return [(f.links, f.rate) for _, f in sorted(seen.items())]
 
     # ---- internals -----------------------------------------------------------------------------
-    def _advance(self) -> None:
-        now = self.env.now
-        dt = now - self._last_t
-        if dt > 0 and len(self._rem):
-            self._rem -= self._rate * dt
-        self._last_t = now
-
     def _activate(self, t: float) -> None:
         flows = self._pending.pop(t)
-        self._advance()
         self._new.extend(flows)
         self.flow_events += len(flows)
         self._request_recompute()
@@ -140,70 +159,120 @@ class Network:
             self._recompute_due = True
             self.env.timeout(0).callbacks.append(self._recompute)
 
-    def _merge_new(self) -> None:
-        new = self._new
-        self._new = []
-        k = len(new)
-        base = len(self._obj)
-        obj = np.empty(k, dtype=object)
-        obj[:] = new
-        sizes = np.fromiter((f.size for f in new), float, k)
-        lens = np.fromiter((len(f.links) for f in new), np.int64, k)
-        links = np.fromiter(chain.from_iterable(f.links for f in new), np.int64, int(lens.sum()))
-        self._obj = np.concatenate([self._obj, obj])
-        self._rem = np.concatenate([self._rem, sizes])
-        self._size = np.concatenate([self._size, sizes])
-        self._el = np.concatenate([self._el, links])
-        self._ef = np.concatenate([self._ef, base + np.repeat(np.arange(k), lens)])
+    def _touch(self, link: int) -> None:
+        if not self._touched.get(link, False):
+            self._touched[link] = self._demand[link] > self._bind_at[link]
+
+    def _merge_new(self, now: float) -> list[_Flow]:
+        new, self._new = self._new, []
+        cap, on, demand = self._cap, self._on, self._demand
+        for f in new:
+            f.seq = self._seq
+            self._seq += 1
+            f.t0 = now
+            top = min(cap[link] for link in f.links)
+            f.top = top
+            for link in f.links:
+                self._touch(link)
+                on[link][f.seq] = f
+                demand[link] += top
+        self._n_active += len(new)
+        return new
+
+    def _affected(self, new: list[_Flow]) -> dict[int, _Flow]:
+        """The flows whose rate the changes since the last recompute may alter: the components, over
+        binding links, of the new flows and of the flows on changed links that bind (or bound)."""
+        on, demand, bind_at = self._on, self._demand, self._bind_at
+        comp: dict[int, _Flow] = {f.seq: f for f in new}
+        stack = list(new)
+        for link, was in self._touched.items():
+            if was or demand[link] > bind_at[link]:
+                for s, g in on[link].items():
+                    if s not in comp:
+                        comp[s] = g
+                        stack.append(g)
+        self._touched = {}
+        done_links: set[int] = set()
+        while stack:
+            f = stack.pop()
+            for link in f.links:
+                if link in done_links or demand[link] <= bind_at[link]:
+                    continue
+                done_links.add(link)
+                for s, g in on[link].items():
+                    if s not in comp:
+                        comp[s] = g
+                        stack.append(g)
+        return comp
 
     def _recompute(self, _ev: simpy.Event | None = None) -> None:
         self._recompute_due = False
-        self._advance()
-        if self._new:
-            self._merge_new()
+        now = self.env.now
+        new = self._merge_new(now) if self._new else []
         self._version += 1
-        if not len(self._obj):
-            self._rate = np.zeros(0)
+        if not self._n_active:
+            self._touched = {}
             return
-        self._rate = self._max_min_rates()
+        comp = self._affected(new)
+        if comp:
+            flows = sorted(comp.items())
+            rates = component_rates([f.links for _, f in flows], self._cap)
+            heap = self._heap
+            for (_, f), r in zip(flows, rates, strict=True):
+                if f.t0 != now:
+                    f.rem -= f.rate * (now - f.t0)
+                    f.t0 = now
+                f.rate = r
+                f.ver += 1
+                f.finish = now + f.rem / r if r > 0 else math.inf
+                heapq.heappush(heap, (f.finish, f.seq, f.ver, f))
         self.rate_updates += 1
-        finish_s = self._rem / self._rate
-        dt = float(np.min(finish_s))
+        heap = self._heap
+        while heap and (heap[0][3].seq < 0 or heap[0][2] != heap[0][3].ver):
+            heapq.heappop(heap)
+        top = heap[0][3]
+        dt = top.finish - now
         if not dt < MAX_TRANSFER_S:  # also NaN: a zero, negative or NaN rate never finishes
             raise ScenarioError(
-                f"a transfer would take {dt:.3g} s at {float(np.min(self._rate)):.3g} B/s (more than "
+                f"a transfer would take {dt:.3g} s at {top.rate:.3g} B/s (more than "
                 f"{MAX_TRANSFER_S:.0e} s); give the links (or the calibration profile's fitted bandwidth) a real rate",
                 "network",
             )
         # The flows finishing first are done at that wake-up whatever float residue the clock leaves:
         # each wake-up completes at least one flow, so the clock always moves on.
-        self._due = finish_s <= dt
+        self._wake_at = top.finish
         v = self._version
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._wake(v))
 
     def _wake(self, version: int) -> None:
         if version != self._version:
             return
-        self._advance()
+        now = self.env.now
         # A flow is done when it was due now, or when what is left would take under a picosecond or a
         # few ticks of the clock at this time (float residue).
-        tick_s = max(1e-12, 4.0 * float(np.spacing(self.env.now)))
-        done = self._due | (self._rem <= self._rate * tick_s + 1e-9)
-        finished = self._obj[done]
-        keep = ~done
-        e_done = done[self._ef]
-        self.link_bytes += np.bincount(
-            self._el[e_done], weights=self._size[self._ef[e_done]], minlength=len(self.link_bytes)
-        )
-        renumber = np.cumsum(keep) - 1
-        e_keep = ~e_done
-        self._el = self._el[e_keep]
-        self._ef = renumber[self._ef[e_keep]]
-        self._obj = self._obj[keep]
-        self._rem = self._rem[keep]
-        self._size = self._size[keep]
-        self._rate = self._rate[keep]
-        self._due = self._due[keep]
+        tick_s = max(1e-12, 4.0 * float(np.spacing(now)))
+        heap, due = self._heap, self._wake_at
+        finished: list[_Flow] = []
+        while heap:
+            finish, _, ver, f = heap[0]
+            if f.seq < 0 or ver != f.ver:
+                heapq.heappop(heap)
+                continue
+            if finish <= due or f.rem - f.rate * (now - f.t0) <= f.rate * tick_s + 1e-9:
+                heapq.heappop(heap)
+                finished.append(f)
+            else:
+                break
+        finished.sort(key=lambda f: f.seq)
+        on, demand, lb = self._on, self._demand, self.link_bytes
+        for f in finished:
+            for link in f.links:
+                self._touch(link)
+                del on[link][f.seq]
+                demand[link] -= f.top
+                lb[link] += f.size
+            f.seq = -2
+        self._n_active -= len(finished)
         self.flow_events += len(finished)
         self._request_recompute()
         for f in finished:
@@ -215,54 +284,93 @@ class Network:
                 if tr.parts == 0:
                     tr.owner.transfer_done(tr.tag)
 
-    def _max_min_rates(self) -> np.ndarray:
-        """Progressive filling: raise all rates together; freeze flows at the first saturated link."""
-        n = len(self._obj)
-        flat_flow = self._ef
-        n_links = len(self.capacity_Bps)
-        if n_links <= 4 * len(self._el) + 4096:
-            inv, cap, u = self._el, self.capacity_Bps, n_links  # index links directly: no sort needed
-        else:
-            uniq, inv = np.unique(self._el, return_inverse=True)
-            cap, u = self.capacity_Bps[uniq], len(uniq)
-        rate = np.empty(n)
-        cnt = np.bincount(inv, minlength=u)
+
+def component_rates(routes: list[tuple[int, ...]], capacity: list[float]) -> list[float]:
+    """Max-min fair rates of flows with these routes (link ids into ``capacity``): progressive filling.
+    Small components in plain Python, large ones with the vectorised ``max_min_rates``."""
+    n = len(routes)
+    if n == 1:
+        return [min(capacity[link] for link in routes[0])]
+    if n >= NUMPY_MIN_FLOWS:
+        lens = [len(r) for r in routes]
+        el = np.fromiter((link for r in routes for link in r), np.int64, sum(lens))
+        ef = np.repeat(np.arange(n), lens)
+        return max_min_rates(el, ef, n, np.asarray(capacity)).tolist()
+    cnt: dict[int, int] = {}
+    for r in routes:
+        for link in r:
+            cnt[link] = cnt.get(link, 0) + 1
+    left = {link: capacity[link] for link in cnt}
+    rate = [0.0] * n
+    todo = list(range(n))
+    while True:
+        s = min(left[link] / c for link, c in cnt.items() if c)
+        lim = s * (1 + LEVEL_TOL)
+        full = {link for link, c in cnt.items() if c and left[link] / c <= lim}
+        rest = []
+        for i in todo:
+            r = routes[i]
+            if any(link in full for link in r):
+                rate[i] = s
+                for link in r:
+                    left[link] -= s
+                    cnt[link] -= 1
+            else:
+                rest.append(i)
+        if not rest:
+            return rate
+        todo = rest
+
+
+def max_min_rates(el: np.ndarray, ef: np.ndarray, n: int, capacity_Bps: np.ndarray) -> np.ndarray:
+    """From scratch, vectorised: max-min rates of ``n`` flows whose link entries are ``el`` (link id)
+    and ``ef`` (flow index, non-decreasing). Progressive filling: raise all rates together; freeze flows
+    at the first saturated link."""
+    flat_flow = ef
+    n_links = len(capacity_Bps)
+    if n_links <= 4 * len(el) + 4096:
+        inv, cap, u = el, capacity_Bps, n_links  # index links directly: no sort needed
+    else:
+        uniq, inv = np.unique(el, return_inverse=True)
+        cap, u = capacity_Bps[uniq], len(uniq)
+    rate = np.empty(n)
+    cnt = np.bincount(inv, minlength=u)
+    used = cnt > 0
+    share = np.full(u, np.inf)
+    share[used] = cap[used] / cnt[used]
+    s = share.min()
+    if share[used].max() <= s * (1 + LEVEL_TOL):  # one level: every flow gets the same share
+        rate[:] = s
+        return rate
+    # Fast exact path: give each flow the fair share of its tightest link; that is the max-min
+    # allocation when every flow then has a link on which all flows run at that same share
+    # (the link is full and the flow is among its largest). Otherwise, progressive filling.
+    share_e = share[inv]
+    starts = np.flatnonzero(np.r_[True, flat_flow[1:] != flat_flow[:-1]])
+    r = np.minimum.reduceat(share_e, starts)
+    r_e = r[flat_flow]
+    at_share = r_e >= share_e * (1 - LEVEL_TOL)
+    tight = np.bincount(inv[at_share], minlength=u) == cnt
+    ok = np.add.reduceat((tight[inv] & at_share).astype(np.int64), starts) > 0
+    if ok.all():
+        return r
+    unfrozen = np.ones(n, dtype=bool)
+    active_e = np.ones(len(flat_flow), dtype=bool)
+    cap = cap.astype(float, copy=True)
+    while True:
+        bott = share <= s * (1 + LEVEL_TOL)
+        hit = bott[inv] & active_e
+        newly = np.zeros(n, dtype=bool)
+        newly[flat_flow[hit]] = True
+        rate[newly] = s
+        unfrozen &= ~newly
+        e_new = newly[flat_flow]
+        cap -= s * np.bincount(inv[e_new], minlength=u)
+        active_e &= ~e_new
+        if not unfrozen.any():
+            return rate
+        cnt = np.bincount(inv[active_e], minlength=u)
         used = cnt > 0
         share = np.full(u, np.inf)
         share[used] = cap[used] / cnt[used]
         s = share.min()
-        if share[used].max() <= s * (1 + 1e-12):  # one level: every flow gets the same share
-            rate[:] = s
-            return rate
-        # Fast exact path: give each flow the fair share of its tightest link; that is the max-min
-        # allocation when every flow then has a link on which all flows run at that same share
-        # (the link is full and the flow is among its largest). Otherwise, progressive filling.
-        share_e = share[inv]
-        starts = np.flatnonzero(np.r_[True, flat_flow[1:] != flat_flow[:-1]])
-        r = np.minimum.reduceat(share_e, starts)
-        r_e = r[flat_flow]
-        at_share = r_e >= share_e * (1 - 1e-12)
-        tight = np.bincount(inv[at_share], minlength=u) == cnt
-        ok = np.add.reduceat((tight[inv] & at_share).astype(np.int64), starts) > 0
-        if ok.all():
-            return r
-        unfrozen = np.ones(n, dtype=bool)
-        active_e = np.ones(len(flat_flow), dtype=bool)
-        cap = cap.astype(float, copy=True)
-        while True:
-            bott = share <= s * (1 + 1e-12)
-            hit = bott[inv] & active_e
-            newly = np.zeros(n, dtype=bool)
-            newly[flat_flow[hit]] = True
-            rate[newly] = s
-            unfrozen &= ~newly
-            e_new = newly[flat_flow]
-            cap -= s * np.bincount(inv[e_new], minlength=u)
-            active_e &= ~e_new
-            if not unfrozen.any():
-                return rate
-            cnt = np.bincount(inv[active_e], minlength=u)
-            used = cnt > 0
-            share = np.full(u, np.inf)
-            share[used] = cap[used] / cnt[used]
-            s = share.min()

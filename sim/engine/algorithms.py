@@ -16,11 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim import analytic as an
-from sim.engine.collectives import btree_parent, chunks_for
-from sim.hardware.nccl import IN_NETWORK_LATENCY_US, PROTOCOLS, base_latency_s
+from sim.engine import collective_algorithms as coll
+from sim.engine.transfer_graphs import btree_parent, server_ranks
+from sim.engine.world import World
+from sim.hardware.nccl import (
+    IN_NETWORK_LATENCY_US,
+    PROTOCOL_BW_FRACTION,
+    PROTOCOLS,
+    base_latency_s,
+    chunks_for,
+)
 
-# parallel.dp_algorithm → engine algorithm of the all-reduce.
-DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
 PIPELINE_PROTOCOLS = {"ring": PROTOCOLS, "tree": PROTOCOLS}  # others run Simple only (as NCCL's NVLS/CollNet)
 
 
@@ -110,8 +116,6 @@ def _links(topology, protocol: str, nics: int) -> tuple[float, float, float, flo
     intra, inter = topology.intra_link, topology.inter_link
     a_i = topology.intra_latency_s * intra.protocol_latency_scale(protocol)
     a_e = topology.inter_latency_s * inter.protocol_latency_scale(protocol)
-    from sim.hardware.nccl import PROTOCOL_BW_FRACTION
-
     f = PROTOCOL_BW_FRACTION[protocol]
     return a_i, topology.intra_bw_Bps * f, a_e, topology.inter_bw_Bps * f * nics
 
@@ -246,9 +250,6 @@ def choose(op: str, kind: str, size_bytes: float, topology, gpus: list[int], cfg
 def _time_alone(op: str, c: Choice, size_bytes: float, topology, gpus: list[int], shape: GroupShape,
                 cfg: CommConfig) -> float:
     """The simulated time of one collective on otherwise idle links (a scratch world, same topology)."""
-    from sim.engine import collectives as coll
-    from sim.engine.world import World
-
     w = World(topology)
     spec = coll.build(op, c.algorithm, shape.p, size_bytes, ranks_by_node=[list(r) for r in shape.ranks_by_node],
                       servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps)
@@ -301,8 +302,6 @@ def algorithm_pairs(p: int, ranks_by_node: list[list[int]], cfg: CommConfig, ext
             for a, b in ((r, q), (mirror[r], mirror[q])):
                 pairs.update({(a, b), (b, a)})
     if alg == "parameter_server":
-        from sim.engine.collectives import server_ranks
-
         srv = list(range(p, p + extra)) if extra else server_ranks(p, cfg.parameter_servers)
         for s in srv:
             for w in range(p):

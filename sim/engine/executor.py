@@ -17,7 +17,7 @@ import math
 
 import simpy
 
-from sim.engine import collectives as coll
+from sim.engine import collective_algorithms as coll
 from sim.engine.algorithms import CommConfig, algorithm_pairs, choose, group_shape
 from sim.engine.job import Block, TrainingJob
 from sim.engine.timeline import (

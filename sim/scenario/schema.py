@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from sim.engine.collective_algorithms import ALGORITHM_NAMES, COLLECTIVE_ALGORITHMS, DP_ALGORITHMS
 from sim.hardware.gpu import GPU_ALIASES, GPU_PRESETS, GPUSpec
 from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS, LinkSpec
 from sim.schedules.actions import SCHEDULES
@@ -33,22 +34,7 @@ COLLECTIVE_OPS = (
     "all_to_all",
     "send_recv",
 )
-# op → algorithms the engine implements; the first is the default. "ps" = parameter server (rank 0 is the
-# server), "direct" = every rank sends to its peers directly, "chain" = pipelined chain (NCCL's ring for
-# rooted ops), "hierarchical" = an intra-node phase around an inter-node one (needs whole nodes).
-# Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
-COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "ps", "nvls", "hierarchical_sharp"),
-    "reduce_scatter": ("ring",),
-    "all_gather": ("ring",),
-    "broadcast": ("chain", "binomial", "ps"),
-    "reduce": ("chain", "binomial", "ps"),
-    "all_to_all": ("direct",),
-    "send_recv": ("direct",),
-}
-ALGORITHMS = ("auto", "ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct", "nvls",
-              "hierarchical_sharp")
-DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
+ALGORITHMS = ALGORITHM_NAMES  # the engine's registry (sim.engine.collective_algorithms) defines the names
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 
 

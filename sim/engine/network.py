@@ -81,8 +81,8 @@ class Network:
         self.env = env
         self.capacity_Bps = np.asarray(capacity_Bps, dtype=float)
         self._cap: list[float] = self.capacity_Bps.tolist()
-        self.link_bytes = np.zeros_like(self.capacity_Bps)
         n_links = len(self._cap)
+        self._link_bytes = [0.0] * n_links
         self._on: list[dict[int, _Flow]] = [{} for _ in range(n_links)]  # link -> active flows (by seq, ordered)
         self._demand = [0.0] * n_links  # link -> sum of its flows' route bottlenecks
         self._bind_at = [c * (1.0 - BINDING_TOL) for c in self._cap]  # demand above this: binding
@@ -90,7 +90,9 @@ class Network:
         self._seq = 0
         self._heap: list[tuple[float, int, int, _Flow]] = []  # (finish, seq, ver, flow)
         self._new: list[_Flow] = []
-        self._touched: dict[int, bool] = {}  # links changed since the last recompute -> was binding before
+        self._seed_links: list[int] = []  # binding links that flows left since the last recompute
+        self._tops: dict[tuple[int, ...], float] = {}  # route -> its bottleneck capacity
+        self._wake_pending = False
         self._pending: dict[float, list[_Flow]] = {}
         self._version = 0
         self._wake_at = math.inf
@@ -137,6 +139,11 @@ class Network:
         return ev
 
     @property
+    def link_bytes(self) -> np.ndarray:
+        """Bytes that have crossed each link (finished flows)."""
+        return np.asarray(self._link_bytes)
+
+    @property
     def active_flows(self) -> int:
         return self._n_active + len(self._new)
 
@@ -159,40 +166,43 @@ class Network:
             self._recompute_due = True
             self.env.timeout(0).callbacks.append(self._recompute)
 
-    def _touch(self, link: int) -> None:
-        if not self._touched.get(link, False):
-            self._touched[link] = self._demand[link] > self._bind_at[link]
-
     def _merge_new(self, now: float) -> list[_Flow]:
         new, self._new = self._new, []
-        cap, on, demand = self._cap, self._on, self._demand
+        cap, on, demand, tops = self._cap, self._on, self._demand, self._tops
+        seq = self._seq
         for f in new:
-            f.seq = self._seq
-            self._seq += 1
+            f.seq = seq
             f.t0 = now
-            top = min(cap[link] for link in f.links)
+            links = f.links
+            top = tops.get(links)
+            if top is None:
+                top = tops[links] = min(cap[link] for link in links)
             f.top = top
-            for link in f.links:
-                self._touch(link)
-                on[link][f.seq] = f
+            for link in links:
+                on[link][seq] = f
                 demand[link] += top
+            seq += 1
+        self._seq = seq
         self._n_active += len(new)
         return new
 
     def _affected(self, new: list[_Flow]) -> dict[int, _Flow]:
         """The flows whose rate the changes since the last recompute may alter: the components, over
-        binding links, of the new flows and of the flows on changed links that bind (or bound)."""
+        binding links, of the new flows and of the flows on binding links that flows left."""
         on, demand, bind_at = self._on, self._demand, self._bind_at
+        # A link a new flow crosses binds now if it ever will in this batch, and the search below goes
+        # through it; a link a flow left bound, if at all, before (``_seed_links``).
         comp: dict[int, _Flow] = {f.seq: f for f in new}
         stack = list(new)
-        for link, was in self._touched.items():
-            if was or demand[link] > bind_at[link]:
+        done_links: set[int] = set()
+        for link in self._seed_links:
+            if link not in done_links:
+                done_links.add(link)
                 for s, g in on[link].items():
                     if s not in comp:
                         comp[s] = g
                         stack.append(g)
-        self._touched = {}
-        done_links: set[int] = set()
+        self._seed_links = []
         while stack:
             f = stack.pop()
             for link in f.links:
@@ -209,14 +219,15 @@ class Network:
         self._recompute_due = False
         now = self.env.now
         new = self._merge_new(now) if self._new else []
-        self._version += 1
         if not self._n_active:
-            self._touched = {}
+            self._seed_links = []
+            self._version += 1  # nothing left to finish
+            self._wake_pending = False
             return
         comp = self._affected(new)
         if comp:
             flows = sorted(comp.items())
-            rates = component_rates([f.links for _, f in flows], self._cap)
+            rates = component_rates([f.links for _, f in flows], self._cap, self.capacity_Bps)
             heap = self._heap
             for (_, f), r in zip(flows, rates, strict=True):
                 if f.t0 != now:
@@ -240,13 +251,18 @@ class Network:
             )
         # The flows finishing first are done at that wake-up whatever float residue the clock leaves:
         # each wake-up completes at least one flow, so the clock always moves on.
+        if self._wake_pending and top.finish == self._wake_at:
+            return  # the wake-up already on the clock is the right one
         self._wake_at = top.finish
+        self._wake_pending = True
+        self._version += 1
         v = self._version
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._wake(v))
 
     def _wake(self, version: int) -> None:
         if version != self._version:
             return
+        self._wake_pending = False
         now = self.env.now
         # A flow is done when it was due now, or when what is left would take under a picosecond or a
         # few ticks of the clock at this time (float residue).
@@ -264,13 +280,15 @@ class Network:
             else:
                 break
         finished.sort(key=lambda f: f.seq)
-        on, demand, lb = self._on, self._demand, self.link_bytes
+        on, demand, bind_at, lb, seeds = self._on, self._demand, self._bind_at, self._link_bytes, self._seed_links
         for f in finished:
+            top, size, seq = f.top, f.size, f.seq
             for link in f.links:
-                self._touch(link)
-                del on[link][f.seq]
-                demand[link] -= f.top
-                lb[link] += f.size
+                if demand[link] > bind_at[link]:
+                    seeds.append(link)
+                del on[link][seq]
+                demand[link] -= top
+                lb[link] += size
             f.seq = -2
         self._n_active -= len(finished)
         self.flow_events += len(finished)
@@ -285,9 +303,10 @@ class Network:
                     tr.owner.transfer_done(tr.tag)
 
 
-def component_rates(routes: list[tuple[int, ...]], capacity: list[float]) -> list[float]:
+def component_rates(routes: list[tuple[int, ...]], capacity: list[float], capacity_Bps: np.ndarray) -> list[float]:
     """Max-min fair rates of flows with these routes (link ids into ``capacity``): progressive filling.
-    Small components in plain Python, large ones with the vectorised ``max_min_rates``."""
+    Small components in plain Python, large ones with the vectorised ``max_min_rates`` (``capacity_Bps``:
+    the same capacities as an array)."""
     n = len(routes)
     if n == 1:
         return [min(capacity[link] for link in routes[0])]
@@ -295,7 +314,7 @@ def component_rates(routes: list[tuple[int, ...]], capacity: list[float]) -> lis
         lens = [len(r) for r in routes]
         el = np.fromiter((link for r in routes for link in r), np.int64, sum(lens))
         ef = np.repeat(np.arange(n), lens)
-        return max_min_rates(el, ef, n, np.asarray(capacity)).tolist()
+        return max_min_rates(el, ef, n, capacity_Bps).tolist()
     cnt: dict[int, int] = {}
     for r in routes:
         for link in r:

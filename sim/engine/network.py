@@ -186,14 +186,24 @@ class Network:
         self._n_active += len(new)
         return new
 
-    def _affected(self, new: list[_Flow]) -> dict[int, _Flow]:
-        """The flows whose rate the changes since the last recompute may alter: the components, over
-        binding links, of the new flows and of the flows on binding links that flows left."""
+    def _affected(self, new: list[_Flow]) -> tuple[list[_Flow], dict[int, _Flow]]:
+        """The flows whose rate the changes since the last recompute may alter: new flows with no binding
+        link (alone: each takes its route's bottleneck), and the components, over binding links, of the
+        other new flows and of the flows on binding links that flows left."""
         on, demand, bind_at = self._on, self._demand, self._bind_at
         # A link a new flow crosses binds now if it ever will in this batch, and the search below goes
         # through it; a link a flow left bound, if at all, before (``_seed_links``).
-        comp: dict[int, _Flow] = {f.seq: f for f in new}
-        stack = list(new)
+        comp: dict[int, _Flow] = {}
+        stack: list[_Flow] = []
+        lone: list[_Flow] = []
+        for f in new:
+            for link in f.links:
+                if demand[link] > bind_at[link]:
+                    comp[f.seq] = f
+                    stack.append(f)
+                    break
+            else:
+                lone.append(f)
         done_links: set[int] = set()
         for link in self._seed_links:
             if link not in done_links:
@@ -213,7 +223,7 @@ class Network:
                     if s not in comp:
                         comp[s] = g
                         stack.append(g)
-        return comp
+        return lone, comp
 
     def _recompute(self, _ev: simpy.Event | None = None) -> None:
         self._recompute_due = False
@@ -224,11 +234,17 @@ class Network:
             self._version += 1  # nothing left to finish
             self._wake_pending = False
             return
-        comp = self._affected(new)
+        lone, comp = self._affected(new)
+        heap = self._heap
+        push = heapq.heappush
+        for f in lone:  # just started (t0 = now), alone on every link that could bind
+            r = f.rate = f.top
+            f.ver += 1
+            f.finish = now + f.rem / r if r > 0 else math.inf
+            push(heap, (f.finish, f.seq, f.ver, f))
         if comp:
             flows = sorted(comp.items())
             rates = component_rates([f.links for _, f in flows], self._cap, self.capacity_Bps)
-            heap = self._heap
             for (_, f), r in zip(flows, rates, strict=True):
                 if f.t0 != now:
                     f.rem -= f.rate * (now - f.t0)
@@ -236,9 +252,8 @@ class Network:
                 f.rate = r
                 f.ver += 1
                 f.finish = now + f.rem / r if r > 0 else math.inf
-                heapq.heappush(heap, (f.finish, f.seq, f.ver, f))
+                push(heap, (f.finish, f.seq, f.ver, f))
         self.rate_updates += 1
-        heap = self._heap
         while heap and (heap[0][3].seq < 0 or heap[0][2] != heap[0][3].ver):
             heapq.heappop(heap)
         top = heap[0][3]
@@ -266,7 +281,7 @@ class Network:
         now = self.env.now
         # A flow is done when it was due now, or when what is left would take under a picosecond or a
         # few ticks of the clock at this time (float residue).
-        tick_s = max(1e-12, 4.0 * float(np.spacing(now)))
+        tick_s = max(1e-12, 4.0 * math.ulp(now))
         heap, due = self._heap, self._wake_at
         finished: list[_Flow] = []
         while heap:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import defaultdict
 from typing import Protocol
 
 import numpy as np
@@ -83,9 +84,10 @@ class Network:
         self._cap: list[float] = self.capacity_Bps.tolist()
         n_links = len(self._cap)
         self._link_bytes = [0.0] * n_links
-        self._on: list[dict[int, _Flow]] = [{} for _ in range(n_links)]  # link -> active flows (by seq, ordered)
+        # link -> active flows (by activation order; insertion-ordered, so every run iterates alike)
+        self._on: defaultdict[int, dict[int, _Flow]] = defaultdict(dict)
         self._demand = [0.0] * n_links  # link -> sum of its flows' route bottlenecks
-        self._bind_at = [c * (1.0 - BINDING_TOL) for c in self._cap]  # demand above this: binding
+        self._bind_at: list[float] = (self.capacity_Bps * (1.0 - BINDING_TOL)).tolist()  # demand above: binding
         self._n_active = 0
         self._seq = 0
         self._heap: list[tuple[float, int, int, _Flow]] = []  # (finish, seq, ver, flow)
@@ -150,7 +152,7 @@ class Network:
     def rates(self) -> list[tuple[tuple[int, ...], float]]:
         """(links, rate) of every flowing flow, in activation order (tests compare them to max_min_rates)."""
         seen: dict[int, _Flow] = {}
-        for flows in self._on:
+        for flows in self._on.values():
             seen.update(flows)
         return [(f.links, f.rate) for _, f in sorted(seen.items())]
 

@@ -146,6 +146,26 @@ _flow = st.tuples(
 def test_incremental_rates_equal_max_min_from_scratch(caps: list[float], flows) -> None:
     """As flows start and finish at random, the incrementally updated rates of the active flows always
     equal a from-scratch max-min allocation over all of them (and the vectorised one agrees)."""
+    _check_rates_as_flows_come_and_go(caps, flows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(caps=st.lists(st.sampled_from([1.0, 2.0, 5.0, 100.0]), min_size=6, max_size=6),
+       flows=st.lists(_flow, min_size=4, max_size=12))
+def test_dense_mode_and_back_keep_the_rates_exact(caps: list[float], flows) -> None:
+    """The same with a tiny dense-mode threshold: the network moves to arrays and back as it fills and
+    drains, and the rates stay the from-scratch max-min ones."""
+    import sim.engine.network as net_mod
+
+    old = (net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS)
+    net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = 3, 1
+    try:
+        _check_rates_as_flows_come_and_go(caps, flows)
+    finally:
+        net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = old
+
+
+def _check_rates_as_flows_come_and_go(caps: list[float], flows) -> None:
     env = simpy.Environment()
     n = Network(env, np.asarray(caps))
     rec = Rec(env)

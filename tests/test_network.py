@@ -8,7 +8,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.network import Network, max_min_rates
+from sim.engine.max_min import max_min_rates
+from sim.engine.network import Network
 
 
 class Rec:

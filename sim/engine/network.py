@@ -17,6 +17,9 @@ its route's bottleneck. Each flow keeps its bytes left at its last rate change a
 in a heap, so a wake-up touches only the flows that finish. ``max_min_rates`` is the from-scratch,
 vectorised allocation (used for large components; tests hold the incremental rates to it). A transfer
 may be split over several routes (NCCL channels over several NICs); it completes when all its parts have.
+
+Over 500 lines: one state machine in two representations (per-flow tables, dense arrays) that hand the
+same flows to each other.
 """
 
 from __future__ import annotations
@@ -29,12 +32,11 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from sim.engine.max_min import component_rates, max_min_rates
 from sim.errors import ScenarioError
 
 MAX_TRANSFER_S = 1e12  # ~31,700 years: beyond this, float time has no resolution left for the rest of a run
-LEVEL_TOL = 1e-12  # relative: links whose fair share is this close to the lowest fill at the same level
 BINDING_TOL = 1e-9  # relative: a link whose flows' bottlenecks sum to within this of its capacity counts as binding
-NUMPY_MIN_FLOWS = 64  # components at least this large are solved with the vectorised max_min_rates
 # One component this large (a 1,024-rank tree all-reduce): the network switches to dense mode, where all
 # flows live in arrays and every change re-solves them all vectorised (cheaper than per-flow Python at that
 # size), until no more than SPARSE_MAX_FLOWS are left.
@@ -382,229 +384,130 @@ class Network:
                 if tr.parts == 0:
                     tr.owner.transfer_done(tr.tag)
 
+    # ---- dense mode: every flow in arrays, re-solved from scratch at each change --------------------
+    def _to_dense(self, now: float) -> None:
+        """Move every flow into arrays (each flow's bytes left brought up to now); drop the link tables."""
+        flows = self._active()
+        for f in flows:
+            if f.t0 != now:
+                f.rem -= f.rate * (now - f.t0)
+                f.t0 = now
+        k = len(flows)
+        self._obj = np.empty(k, dtype=object)
+        self._obj[:] = flows
+        self._rem = np.fromiter((f.rem for f in flows), float, k)
+        self._size = np.fromiter((f.size for f in flows), float, k)
+        self._rate = np.zeros(k)
+        lens = np.fromiter((len(f.links) for f in flows), np.int64, k)
+        self._el = np.fromiter((link for f in flows for link in f.links), np.int64, int(lens.sum()))
+        self._ef = np.repeat(np.arange(k), lens)
+        self._due = np.zeros(k, dtype=bool)
+        self._last_t = now
+        self._on = defaultdict(dict)
+        self._bn = defaultdict(dict)
+        self._bound = [0.0] * len(self._cap)
+        self._heap = []
+        self._seed_links = []
+        self._n_active = 0
+        self._dense = True
+        self._wake_pending = False
 
-# ---- dense mode: every flow in arrays, re-solved from scratch at each change ------------------------
-def _to_dense(self: Network, now: float) -> None:
-    """Move every flow into arrays (each flow's bytes left brought up to now); drop the link tables."""
-    flows = self._active()
-    for f in flows:
-        if f.t0 != now:
-            f.rem -= f.rate * (now - f.t0)
+
+    def _to_sparse(self, now: float) -> None:
+        """Back from the arrays to per-flow state and link tables, then solve them all."""
+        flows: list[_Flow] = self._obj.tolist()
+        for f, rem in zip(flows, self._rem.tolist(), strict=True):
+            f.rem = rem
             f.t0 = now
-    k = len(flows)
-    self._obj = np.empty(k, dtype=object)
-    self._obj[:] = flows
-    self._rem = np.fromiter((f.rem for f in flows), float, k)
-    self._size = np.fromiter((f.size for f in flows), float, k)
-    self._rate = np.zeros(k)
-    lens = np.fromiter((len(f.links) for f in flows), np.int64, k)
-    self._el = np.fromiter((link for f in flows for link in f.links), np.int64, int(lens.sum()))
-    self._ef = np.repeat(np.arange(k), lens)
-    self._due = np.zeros(k, dtype=bool)
-    self._last_t = now
-    self._on = defaultdict(dict)
-    self._bn = defaultdict(dict)
-    self._bound = [0.0] * len(self._cap)
-    self._heap = []
-    self._seed_links = []
-    self._n_active = 0
-    self._dense = True
-    self._wake_pending = False
+            f.rate = 0.0
+        self._obj = np.empty(0, dtype=object)
+        self._rem = self._size = self._rate = np.zeros(0)
+        self._el = self._ef = np.zeros(0, dtype=np.int64)
+        self._due = np.zeros(0, dtype=bool)
+        self._dense = False
+        self._version += 1  # the dense wake-up on the clock no longer applies
+        self._register(flows)
+        self._solve(now, flows)
 
 
-def _to_sparse(self: Network, now: float) -> None:
-    """Back from the arrays to per-flow state and link tables, then solve them all."""
-    flows: list[_Flow] = self._obj.tolist()
-    for f, rem in zip(flows, self._rem.tolist(), strict=True):
-        f.rem = rem
-        f.t0 = now
-        f.rate = 0.0
-    self._obj = np.empty(0, dtype=object)
-    self._rem = self._size = self._rate = np.zeros(0)
-    self._el = self._ef = np.zeros(0, dtype=np.int64)
-    self._due = np.zeros(0, dtype=bool)
-    self._dense = False
-    self._version += 1  # the dense wake-up on the clock no longer applies
-    self._register(flows)
-    self._solve(now, flows)
+    def _recompute_dense(self, now: float) -> None:
+        dt = now - self._last_t
+        if dt > 0 and len(self._rem):
+            self._rem -= self._rate * dt
+        self._last_t = now
+        if self._new:
+            new, self._new = self._new, []
+            for f in new:
+                f.seq = self._seq
+                self._seq += 1
+                f.t0 = now
+            k = len(new)
+            base = len(self._obj)
+            obj = np.empty(k, dtype=object)
+            obj[:] = new
+            sizes = np.fromiter((f.size for f in new), float, k)
+            lens = np.fromiter((len(f.links) for f in new), np.int64, k)
+            links = np.fromiter((link for f in new for link in f.links), np.int64, int(lens.sum()))
+            self._obj = np.concatenate([self._obj, obj])
+            self._rem = np.concatenate([self._rem, sizes])
+            self._size = np.concatenate([self._size, sizes])
+            self._rate = np.concatenate([self._rate, np.zeros(k)])
+            self._el = np.concatenate([self._el, links])
+            self._ef = np.concatenate([self._ef, base + np.repeat(np.arange(k), lens)])
+        self._version += 1
+        n = len(self._obj)
+        if n <= SPARSE_MAX_FLOWS:
+            self._to_sparse(now)
+            return
+        self._rate = max_min_rates(self._el, self._ef, n, self.capacity_Bps)
+        self.rate_updates += 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            finish_s = self._rem / self._rate
+        dt = float(np.min(finish_s))
+        if not dt < MAX_TRANSFER_S:  # also NaN: a zero, negative or NaN rate never finishes
+            raise ScenarioError(
+                f"a transfer would take {dt:.3g} s at {float(np.min(self._rate)):.3g} B/s (more than "
+                f"{MAX_TRANSFER_S:.0e} s); give the links (or the calibration profile's fitted bandwidth) a real rate",
+                "network",
+            )
+        self._due = finish_s <= dt
+        v = self._version
+        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._wake_dense(v))
 
 
-def _recompute_dense(self: Network, now: float) -> None:
-    dt = now - self._last_t
-    if dt > 0 and len(self._rem):
-        self._rem -= self._rate * dt
-    self._last_t = now
-    if self._new:
-        new, self._new = self._new, []
-        for f in new:
-            f.seq = self._seq
-            self._seq += 1
-            f.t0 = now
-        k = len(new)
-        base = len(self._obj)
-        obj = np.empty(k, dtype=object)
-        obj[:] = new
-        sizes = np.fromiter((f.size for f in new), float, k)
-        lens = np.fromiter((len(f.links) for f in new), np.int64, k)
-        links = np.fromiter((link for f in new for link in f.links), np.int64, int(lens.sum()))
-        self._obj = np.concatenate([self._obj, obj])
-        self._rem = np.concatenate([self._rem, sizes])
-        self._size = np.concatenate([self._size, sizes])
-        self._rate = np.concatenate([self._rate, np.zeros(k)])
-        self._el = np.concatenate([self._el, links])
-        self._ef = np.concatenate([self._ef, base + np.repeat(np.arange(k), lens)])
-    self._version += 1
-    n = len(self._obj)
-    if n <= SPARSE_MAX_FLOWS:
-        self._to_sparse(now)
-        return
-    self._rate = max_min_rates(self._el, self._ef, n, self.capacity_Bps)
-    self.rate_updates += 1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        finish_s = self._rem / self._rate
-    dt = float(np.min(finish_s))
-    if not dt < MAX_TRANSFER_S:  # also NaN: a zero, negative or NaN rate never finishes
-        raise ScenarioError(
-            f"a transfer would take {dt:.3g} s at {float(np.min(self._rate)):.3g} B/s (more than "
-            f"{MAX_TRANSFER_S:.0e} s); give the links (or the calibration profile's fitted bandwidth) a real rate",
-            "network",
-        )
-    self._due = finish_s <= dt
-    v = self._version
-    self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._wake_dense(v))
-
-
-def _wake_dense(self: Network, version: int) -> None:
-    if version != self._version:
-        return
-    now = self.env.now
-    dt = now - self._last_t
-    if dt > 0:
-        self._rem -= self._rate * dt
-    self._last_t = now
-    tick_s = max(1e-12, 4.0 * math.ulp(now))
-    done = self._due | (self._rem <= self._rate * tick_s + 1e-9)
-    finished: list[_Flow] = self._obj[done].tolist()
-    keep = ~done
-    e_keep = keep[self._ef]
-    renumber = np.cumsum(keep) - 1
-    self._el = self._el[e_keep]
-    self._ef = renumber[self._ef[e_keep]]
-    self._obj = self._obj[keep]
-    self._rem = self._rem[keep]
-    self._size = self._size[keep]
-    self._rate = self._rate[keep]
-    self._due = self._due[keep]
-    lb = self._link_bytes
-    for f in finished:
-        for link in f.links:
-            lb[link] += f.size
-        f.seq = -2
-    self.flow_events += len(finished)
-    self._request_recompute()
-    for f in finished:
-        tr = f.parent
-        if tr is None:
-            f.owner.transfer_done(f.tag)
-        else:
-            tr.parts -= 1
-            if tr.parts == 0:
-                tr.owner.transfer_done(tr.tag)
-
-
-Network._to_dense = _to_dense  # type: ignore[attr-defined]
-Network._to_sparse = _to_sparse  # type: ignore[attr-defined]
-Network._recompute_dense = _recompute_dense  # type: ignore[attr-defined]
-Network._wake_dense = _wake_dense  # type: ignore[attr-defined]
-
-
-def component_rates(routes: list[tuple[int, ...]], capacity: list[float], capacity_Bps: np.ndarray) -> list[float]:
-    """Max-min fair rates of flows with these routes (link ids into ``capacity``): progressive filling.
-    Small components in plain Python, large ones with the vectorised ``max_min_rates`` (``capacity_Bps``:
-    the same capacities as an array)."""
-    n = len(routes)
-    if n == 1:
-        return [min(capacity[link] for link in routes[0])]
-    if n >= NUMPY_MIN_FLOWS:
-        lens = [len(r) for r in routes]
-        el = np.fromiter((link for r in routes for link in r), np.int64, sum(lens))
-        ef = np.repeat(np.arange(n), lens)
-        return max_min_rates(el, ef, n, capacity_Bps).tolist()
-    cnt: dict[int, int] = {}
-    for r in routes:
-        for link in r:
-            cnt[link] = cnt.get(link, 0) + 1
-    left = {link: capacity[link] for link in cnt}
-    rate = [0.0] * n
-    todo = list(range(n))
-    while True:
-        s = min(left[link] / c for link, c in cnt.items() if c)
-        lim = s * (1 + LEVEL_TOL)
-        full = {link for link, c in cnt.items() if c and left[link] / c <= lim}
-        rest = []
-        for i in todo:
-            r = routes[i]
-            if any(link in full for link in r):
-                rate[i] = s
-                for link in r:
-                    left[link] -= s
-                    cnt[link] -= 1
+    def _wake_dense(self, version: int) -> None:
+        if version != self._version:
+            return
+        now = self.env.now
+        dt = now - self._last_t
+        if dt > 0:
+            self._rem -= self._rate * dt
+        self._last_t = now
+        tick_s = max(1e-12, 4.0 * math.ulp(now))
+        done = self._due | (self._rem <= self._rate * tick_s + 1e-9)
+        finished: list[_Flow] = self._obj[done].tolist()
+        keep = ~done
+        e_keep = keep[self._ef]
+        renumber = np.cumsum(keep) - 1
+        self._el = self._el[e_keep]
+        self._ef = renumber[self._ef[e_keep]]
+        self._obj = self._obj[keep]
+        self._rem = self._rem[keep]
+        self._size = self._size[keep]
+        self._rate = self._rate[keep]
+        self._due = self._due[keep]
+        lb = self._link_bytes
+        for f in finished:
+            for link in f.links:
+                lb[link] += f.size
+            f.seq = -2
+        self.flow_events += len(finished)
+        self._request_recompute()
+        for f in finished:
+            tr = f.parent
+            if tr is None:
+                f.owner.transfer_done(f.tag)
             else:
-                rest.append(i)
-        if not rest:
-            return rate
-        todo = rest
-
-
-def max_min_rates(el: np.ndarray, ef: np.ndarray, n: int, capacity_Bps: np.ndarray) -> np.ndarray:
-    """From scratch, vectorised: max-min rates of ``n`` flows whose link entries are ``el`` (link id)
-    and ``ef`` (flow index, non-decreasing). Progressive filling: raise all rates together; freeze flows
-    at the first saturated link."""
-    flat_flow = ef
-    n_links = len(capacity_Bps)
-    if n_links <= 4 * len(el) + 4096:
-        inv, cap, u = el, capacity_Bps, n_links  # index links directly: no sort needed
-    else:
-        uniq, inv = np.unique(el, return_inverse=True)
-        cap, u = capacity_Bps[uniq], len(uniq)
-    rate = np.empty(n)
-    cnt = np.bincount(inv, minlength=u)
-    used = cnt > 0
-    share = np.full(u, np.inf)
-    share[used] = cap[used] / cnt[used]
-    s = share.min()
-    if share[used].max() <= s * (1 + LEVEL_TOL):  # one level: every flow gets the same share
-        rate[:] = s
-        return rate
-    # Fast exact path: give each flow the fair share of its tightest link; that is the max-min
-    # allocation when every flow then has a link on which all flows run at that same share
-    # (the link is full and the flow is among its largest). Otherwise, progressive filling.
-    share_e = share[inv]
-    starts = np.flatnonzero(np.r_[True, flat_flow[1:] != flat_flow[:-1]])
-    r = np.minimum.reduceat(share_e, starts)
-    r_e = r[flat_flow]
-    at_share = r_e >= share_e * (1 - LEVEL_TOL)
-    tight = np.bincount(inv[at_share], minlength=u) == cnt
-    ok = np.add.reduceat((tight[inv] & at_share).astype(np.int64), starts) > 0
-    if ok.all():
-        return r
-    unfrozen = np.ones(n, dtype=bool)
-    active_e = np.ones(len(flat_flow), dtype=bool)
-    cap = cap.astype(float, copy=True)
-    while True:
-        bott = share <= s * (1 + LEVEL_TOL)
-        hit = bott[inv] & active_e
-        newly = np.zeros(n, dtype=bool)
-        newly[flat_flow[hit]] = True
-        rate[newly] = s
-        unfrozen &= ~newly
-        e_new = newly[flat_flow]
-        cap -= s * np.bincount(inv[e_new], minlength=u)
-        active_e &= ~e_new
-        if not unfrozen.any():
-            return rate
-        cnt = np.bincount(inv[active_e], minlength=u)
-        used = cnt > 0
-        share = np.full(u, np.inf)
-        share[used] = cap[used] / cnt[used]
-        s = share.min()
+                tr.parts -= 1
+                if tr.parts == 0:
+                    tr.owner.transfer_done(tr.tag)

@@ -249,6 +249,8 @@ class Network:
                     break
             else:
                 lone.append(f)
+        if not stack and not self._seed_links:
+            return lone, comp
         done_links: set[int] = set()
         for link in self._seed_links:
             if link not in done_links:
@@ -348,7 +350,8 @@ class Network:
                 finished.append(f)
             else:
                 break
-        finished.sort(key=lambda f: f.seq)
+        if len(finished) > 1:
+            finished.sort(key=lambda f: f.seq)
         on, bound, bn, bind_at = self._on, self._bound, self._bn, self._bind_at
         lb, seeds = self._link_bytes, self._seed_links
         for f in finished:

@@ -208,3 +208,37 @@ def test_collective_counts_agree_between_symmetric_and_full_with_loss_scaling() 
     assert full["collective_algorithms"] == sym["collective_algorithms"]
     # Per data-parallel replica: the found_inf all-reduce and the gradient-norm all-reduce.
     assert sum(full["collective_algorithms"]["mp:all_reduce"].values()) == 2 * 2
+
+
+def _time_every_candidate(op: str, close: list, size: float, w: World, gpus: list[int]) -> list[float]:
+    """Each close candidate simulated alone on idle links, none skipped (what the tuner did before it
+    skipped candidates by their lower bound)."""
+    from sim.engine import collective_algorithms as coll
+
+    shape = algs.group_shape(w.topology, gpus)
+    out = []
+    for c in close:
+        scratch = World(w.topology)
+        spec = coll.build(op, c.algorithm, shape.p, size, ranks_by_node=[list(r) for r in shape.ranks_by_node])
+        run = scratch.run_collective_alone(spec, gpus, None, c.protocol, c.launch_s)
+        run.join_all()
+        scratch.env.run()
+        out.append(run.end_s - run.start_s)
+        assert algs._lower_bound_s(run, spec, w.topology) <= out[-1] * (1 + 1e-9)  # a true lower bound
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.sampled_from([(1, 8), (4, 1), (8, 1), (2, 4), (4, 2)]), log_size=st.integers(12, 29))
+def test_refinement_skipping_by_lower_bound_picks_what_timing_all_would(shape, log_size: int) -> None:
+    nodes, gpn = shape
+    w = _world(nodes, gpn)
+    gpus = list(range(nodes * gpn))
+    size = float(1 << log_size)
+    sh = algs.group_shape(w.topology, gpus)
+    options = [algs.Choice(a, pr, base_latency_s(a, pr), algs.predict_s("all_reduce", a, pr, size, sh, w.topology,
+                                                                          w.comm))
+               for a in ("ring", "tree") for pr in algs.PIPELINE_PROTOCOLS[a]]
+    times = _time_every_candidate("all_reduce", options, size, w, gpus)
+    expect = options[min(range(len(options)), key=lambda i: (times[i], i))]
+    assert algs._fastest_alone("all_reduce", options, size, w.topology, gpus, sh, w.comm) == expect

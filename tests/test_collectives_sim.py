@@ -7,8 +7,9 @@ import math
 import pytest
 
 from sim import analytic as an
-from sim.engine import collectives as coll
+from sim.engine import collective_algorithms as coll
 from sim.engine.collective_workload import run_collectives
+from sim.engine.transfer_graphs import btree_depth
 from sim.hardware.nccl import base_latency_s
 from tests.helpers import INTER, INTRA, world
 
@@ -49,7 +50,7 @@ def test_ring_rs_ag_closed_form(op: str, p: int) -> None:
 @pytest.mark.parametrize("n", [1 << 26, 1 << 30])
 def test_double_binary_tree_all_reduce_reaches_pipelined_closed_form(p: int, n: int) -> None:
     """NCCL's double binary tree, pipelined: ≈ 2dα + 2N/B (plus a fill of d chunks), not 2d(α + N/B)."""
-    d = coll.btree_depth(p)
+    d = btree_depth(p)
     assert d == math.ceil(math.log2(p))  # NCCL's in-order btree over p ranks
     k = 64  # NCCL's 512 KiB chunks, capped
     expect = L("tree") + an.double_binary_tree_all_reduce_time(p, n, A, B, d, k)

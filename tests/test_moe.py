@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim.api import simulate
-from sim.engine import collectives as coll
+from sim.engine import collective_algorithms as coll
 from sim.engine.timeline import COMM_DP, COMM_EP
 from sim.errors import ScenarioError
 from sim.hardware.links import INTRA_PRESETS

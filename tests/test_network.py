@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sim.engine.max_min import max_min_rates
 from sim.engine.network import Network
 
 
@@ -89,7 +92,7 @@ def test_random_allocations_are_feasible_and_max_min_fair() -> None:
         for i, p in enumerate(paths):
             n.transfer([(p, 1.0)], 1e9, 0.0, Rec(env), i)
         env.run(until=1e-9)
-        rates = n._rate
+        rates = [r for _, r in n.rates()]
         # Reference progressive filling.
         ref = np.zeros(len(paths))
         frozen = np.zeros(len(paths), bool)
@@ -107,3 +110,109 @@ def test_random_allocations_are_feasible_and_max_min_fair() -> None:
                     frozen[i] = True
                     cap[list(p)] -= s
         assert rates == pytest.approx(ref, rel=1e-9)
+
+
+def _reference_rates(paths: list[tuple[int, ...]], caps: list[float]) -> list[float]:
+    """Plain progressive filling over every flow, from scratch (independent of the engine's code)."""
+    ref = [0.0] * len(paths)
+    frozen = [False] * len(paths)
+    cap = list(caps)
+    while not all(frozen):
+        cnt = [0] * len(cap)
+        for i, p in enumerate(paths):
+            if not frozen[i]:
+                for k in p:
+                    cnt[k] += 1
+        share = [cap[k] / cnt[k] if cnt[k] else float("inf") for k in range(len(cap))]
+        s = min(share)
+        hit = [i for i, p in enumerate(paths) if not frozen[i] and any(share[k] <= s * (1 + 1e-12) for k in p)]
+        for i in hit:
+            ref[i] = s
+            frozen[i] = True
+            for k in paths[i]:
+                cap[k] -= s
+    return ref
+
+
+_flow = st.tuples(
+    st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True).map(lambda x: tuple(sorted(x))),
+    st.floats(1.0, 100.0),  # bytes
+    st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.5]),  # latency: many flows start together
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(caps=st.lists(st.sampled_from([1.0, 2.0, 3.0, 5.0, 8.0, 100.0]), min_size=6, max_size=6),
+       flows=st.lists(_flow, min_size=1, max_size=12))
+def test_incremental_rates_equal_max_min_from_scratch(caps: list[float], flows) -> None:
+    """As flows start and finish at random, the incrementally updated rates of the active flows always
+    equal a from-scratch max-min allocation over all of them (and the vectorised one agrees)."""
+    _check_rates_as_flows_come_and_go(caps, flows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(caps=st.lists(st.sampled_from([1.0, 2.0, 5.0, 100.0]), min_size=6, max_size=6),
+       flows=st.lists(_flow, min_size=4, max_size=12))
+def test_dense_mode_and_back_keep_the_rates_exact(caps: list[float], flows) -> None:
+    """The same with a tiny dense-mode threshold: the network moves to arrays and back as it fills and
+    drains, and the rates stay the from-scratch max-min ones."""
+    import sim.engine.network as net_mod
+
+    old = (net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS)
+    net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = 3, 1
+    try:
+        _check_rates_as_flows_come_and_go(caps, flows)
+    finally:
+        net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = old
+
+
+def _check_rates_as_flows_come_and_go(caps: list[float], flows) -> None:
+    env = simpy.Environment()
+    n = Network(env, np.asarray(caps))
+    rec = Rec(env)
+    for i, (path, size, lat) in enumerate(flows):
+        n.transfer([(path, 1.0)], size, lat, rec, i)
+    checks = []
+
+    def probe():
+        while len(rec.done) < len(flows):
+            yield env.timeout(0.29031)  # between events: every batch of changes has been applied
+            active = n.rates()
+            if not active or n._recompute_due:  # an instant with changes still to apply: not settled
+                continue
+            paths = [p for p, _ in active]
+            got = [r for _, r in active]
+            assert got == pytest.approx(_reference_rates(paths, caps), rel=1e-9)
+            el = np.asarray([k for p in paths for k in p])
+            ef = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
+            assert got == pytest.approx(max_min_rates(el, ef, len(paths), np.asarray(caps)).tolist(), rel=1e-9)
+            checks.append(len(active))
+
+    env.process(probe())
+    env.run()
+    assert len(rec.done) == len(flows)
+    assert sum(n.link_bytes) == pytest.approx(sum(size * len(p) for p, size, _ in flows))
+
+
+def test_processor_sharing_on_one_link_matches_the_closed_form() -> None:
+    """n flows of sizes s1 ≤ … ≤ sn start together on one link of capacity C: flow k finishes at
+    (s1 + … + s(k-1) + (n-k+1)·sk) / C (the k-1 smaller ones left before it, sharing equally)."""
+    sizes = [3.0, 7.0, 7.5, 20.0, 41.0]
+    env, n, r = net(4.0)
+    for i, s in enumerate(sizes):
+        n.transfer([((0,), 1.0)], s, 0.0, r, i)
+    env.run()
+    for k, s in enumerate(sizes):
+        assert r.done[k] == pytest.approx((sum(sizes[:k]) + (len(sizes) - k) * s) / 4.0, rel=1e-12)
+
+
+def test_a_link_that_cannot_fill_couples_nobody() -> None:
+    """Flows on private 1-10 B/s links that all cross one 1000 B/s link: each goes at its own link's
+    speed (size / cap), whatever the others do; the shared link is never binding."""
+    caps = [1000.0, 1.0, 2.0, 5.0, 10.0]
+    env, n, r = net(*caps)
+    for i in range(1, 5):
+        n.transfer([((0, i), 1.0)], 10.0, 0.1 * i, r, i)
+    env.run()
+    for i in range(1, 5):
+        assert r.done[i] == pytest.approx(0.1 * i + 10.0 / caps[i], rel=1e-12)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim.api import simulate
-from sim.engine import collectives as coll
+from sim.engine import collective_algorithms as coll
 from sim.scenario.load import load_scenario
 from tests.helpers import world
 

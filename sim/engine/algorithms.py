@@ -13,14 +13,24 @@ on the group's shape and the size, so symmetric and full simulations choose alik
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from sim import analytic as an
-from sim.engine.collectives import btree_parent, chunks_for
-from sim.hardware.nccl import IN_NETWORK_LATENCY_US, PROTOCOLS, base_latency_s
+import numpy as np
 
-# parallel.dp_algorithm → engine algorithm of the all-reduce.
-DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
+from sim import analytic as an
+from sim.engine import collective_algorithms as coll
+from sim.engine.collective_runs import CollectiveRun
+from sim.engine.transfer_graphs import DAG, btree_parent, server_ranks
+from sim.engine.world import World
+from sim.hardware.nccl import (
+    IN_NETWORK_LATENCY_US,
+    PROTOCOL_BW_FRACTION,
+    PROTOCOLS,
+    base_latency_s,
+    chunks_for,
+)
+
 PIPELINE_PROTOCOLS = {"ring": PROTOCOLS, "tree": PROTOCOLS}  # others run Simple only (as NCCL's NVLS/CollNet)
 
 
@@ -110,8 +120,6 @@ def _links(topology, protocol: str, nics: int) -> tuple[float, float, float, flo
     intra, inter = topology.intra_link, topology.inter_link
     a_i = topology.intra_latency_s * intra.protocol_latency_scale(protocol)
     a_e = topology.inter_latency_s * inter.protocol_latency_scale(protocol)
-    from sim.hardware.nccl import PROTOCOL_BW_FRACTION
-
     f = PROTOCOL_BW_FRACTION[protocol]
     return a_i, topology.intra_bw_Bps * f, a_e, topology.inter_bw_Bps * f * nics
 
@@ -237,25 +245,60 @@ def choose(op: str, kind: str, size_bytes: float, topology, gpus: list[int], cfg
     best = min(options, key=lambda c: c.predicted_s)
     close = [c for c in options if c.predicted_s <= REFINE_WITHIN * best.predicted_s]
     if len(close) > 1 and shape.p <= REFINE_MAX_RANKS and not cfg.server_gpus:
-        best = min(close, key=lambda c: _time_alone(op, c, size_bytes, topology, gpus, shape, cfg))
+        best = _fastest_alone(op, close, size_bytes, topology, gpus, shape, cfg)
     if cache is not None:
         cache[key] = best
     return best
 
 
-def _time_alone(op: str, c: Choice, size_bytes: float, topology, gpus: list[int], shape: GroupShape,
-                cfg: CommConfig) -> float:
-    """The simulated time of one collective on otherwise idle links (a scratch world, same topology)."""
-    from sim.engine import collectives as coll
-    from sim.engine.world import World
+def _fastest_alone(op: str, close: list[Choice], size_bytes: float, topology, gpus: list[int], shape: GroupShape,
+                   cfg: CommConfig) -> Choice:
+    """The first of ``close`` with the shortest simulated time on idle links. Candidates are timed in the
+    order of a lower bound on their time (``_lower_bound_s``); once that bound exceeds the best time so
+    far the rest cannot win, so they are not simulated: the same choice as timing them all."""
+    plans = []
+    for c in close:
+        w = World(topology)
+        spec = coll.build(op, c.algorithm, shape.p, size_bytes, ranks_by_node=[list(r) for r in shape.ranks_by_node],
+                          servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps)
+        run = w.run_collective_alone(spec, gpus, None, c.protocol, c.launch_s)
+        plans.append((_lower_bound_s(run, spec, topology), w, run))
+    times: dict[int, float] = {}
+    best_s = math.inf
+    for i in sorted(range(len(close)), key=lambda i: plans[i][0]):
+        bound_s, w, run = plans[i]
+        if bound_s > best_s * (1 + 1e-9):
+            break
+        run.join_all()
+        w.env.run()
+        times[i] = run.end_s - run.start_s
+        best_s = min(best_s, times[i])
+    return close[min(times, key=lambda i: (times[i], i))]
 
-    w = World(topology)
-    spec = coll.build(op, c.algorithm, shape.p, size_bytes, ranks_by_node=[list(r) for r in shape.ranks_by_node],
-                      servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps)
-    run = w.run_collective_alone(spec, gpus, None, c.protocol, c.launch_s)
-    run.join_all()
-    w.env.run()
-    return run.end_s - run.start_s
+
+def _lower_bound_s(run: CollectiveRun, spec: coll.Spec, topology) -> float:
+    """No collective ends before its launch latency plus the time its busiest link needs for the bytes
+    crossing it at full capacity (max-min rates never exceed a link's capacity). Transfer graphs and
+    rings only; others are bounded by their launch latency alone."""
+    if isinstance(spec, coll.RingSpec):
+        p = spec.p
+        src, dst, size = np.arange(p), (np.arange(p) + 1) % p, np.full(p, spec.chunk_bytes * spec.steps)
+    elif isinstance(spec, DAG):
+        src, dst, size = spec.src, spec.dst, spec.size
+    else:
+        return run.launch_s
+    keep = src != dst
+    base = int(max(src.max(initial=0), dst.max(initial=0))) + 1
+    uniq, inv = np.unique(src[keep] * base + dst[keep], return_inverse=True)
+    per_pair = np.bincount(inv, weights=size[keep])
+    load: dict[int, float] = {}
+    for key, nbytes in zip(uniq.tolist(), per_pair.tolist(), strict=True):
+        routes, _ = run._route(key // base, key % base)
+        for links, frac in routes:
+            for link in links:
+                load[link] = load.get(link, 0.0) + nbytes * frac * run._wire
+    cap = topology.capacity_Bps
+    return run.launch_s + max((b / cap[link] for link, b in load.items()), default=0.0)
 
 
 # Dedicated parameter servers: CPU nodes whose DRAM bandwidth bounds the summation. Datasheet: 2 sockets ×
@@ -301,8 +344,6 @@ def algorithm_pairs(p: int, ranks_by_node: list[list[int]], cfg: CommConfig, ext
             for a, b in ((r, q), (mirror[r], mirror[q])):
                 pairs.update({(a, b), (b, a)})
     if alg == "parameter_server":
-        from sim.engine.collectives import server_ranks
-
         srv = list(range(p, p + extra)) if extra else server_ranks(p, cfg.parameter_servers)
         for s in srv:
             for w in range(p):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sim.analytic import busbw_factor
 from sim.engine import algorithms as algs
-from sim.engine import collectives as coll
+from sim.engine import collective_algorithms as coll
 from sim.engine.timeline import COMM, STREAM_COMM
 from sim.engine.world import World
 from sim.hardware.nccl import PROTOCOLS, base_latency_s

@@ -7,8 +7,12 @@ rank 0); its collectives run with every member of the group arriving together (t
 and peers that share a NIC with it send their mirrored traffic too, so NIC contention stays exact.
 A collective kind (TP or DP) whose links no other traffic of the job can touch is simulated once per
 shape and its duration reused: exact, since it always runs on otherwise idle links (the 4-byte
-loss-scaling all-reduce is left out of that check). With ``symmetric=False`` every GPU runs its own
-process and every collective is simulated.
+loss-scaling all-reduce is left out of that check). Which mirrored traffic to simulate and which kinds
+to reuse is ``sim.engine.symmetry``'s analysis. With ``symmetric=False`` every GPU runs its own process
+and every collective is simulated.
+
+Over 500 lines: one class whose GPU loop and the operations it yields to (compute, collectives, sends,
+syncs) share the per-GPU state (streams, events, memory, interference); splitting it would scatter that.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import math
 
 import simpy
 
-from sim.engine import collectives as coll
-from sim.engine.algorithms import CommConfig, algorithm_pairs, choose, group_shape
+from sim.engine import collective_algorithms as coll
+from sim.engine.algorithms import CommConfig, choose, group_shape
 from sim.engine.job import Block, TrainingJob
+from sim.engine.symmetry import Symmetry
 from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -76,12 +81,14 @@ class TrainingExecutor:
         self._streams: dict[tuple[int, str], Stream] = {}
         self._mem: dict[int, float] = {}
         self._cache: dict[tuple, float] = {}
-        self._link_cache: dict[tuple, set[int]] = {}
-        self._mirrors: dict[tuple, list] = {}
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
-        self._binding = self._binding_links() if symmetric else set()
-        self._cacheable = self._cacheable_kinds()
+        self.symmetry = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric)
+        self._group = self.symmetry.group
+        self._same_place = self.symmetry.same_place
+        self._mirror_groups = self.symmetry.mirror_groups
+        self._p2p_mirrors = self.symmetry.p2p_mirrors
+        self._cacheable = self.symmetry.cacheable
         self.last_loss_scale: list[dict] = []
         # Compute/communication interference: overlapped collectives in flight per GPU, and the time
         # during which any was (cumulative, up to the mark where the current activity began).
@@ -126,160 +133,6 @@ class TrainingExecutor:
     def _memory(self, g: int, delta: float) -> None:
         self._mem[g] = self._mem.get(g, 0.0) + delta
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
-
-    def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
-        """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
-        neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
-        symmetry analysis exact)."""
-        topo = self.world.topology
-        servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
-        members = group + servers
-        nics = topo.group_nics(members)
-        channels = max((len(v) for v in nics.values()), default=1)
-        routes: list[tuple[int, ...]] = []
-        by: dict[int, list[int]] = {}
-        for i, x in enumerate(group):
-            by.setdefault(topo.node_of(x), []).append(i)
-        pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
-        for ia, ib in pairs:
-            a, b = members[ia], members[ib]
-            if a == b:
-                continue
-            na, nb = topo.node_of(a), topo.node_of(b)
-            if na == nb:
-                routes.append(topo.route(a, b).links)
-            else:
-                for c in range(channels):
-                    routes.append(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
-        return routes
-
-    def _binding_links(self) -> set[int]:
-        """Links that could limit some flow: those whose capacity is below the sum of the top speeds
-        (route bottlenecks) of every flow that could ever cross them. Sharing any other link changes
-        nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine)."""
-        lay, topo = self.layout, self.world.topology
-        cap = topo.capacity_Bps
-        flows: set[tuple] = set()  # (owner, route): each potential flow once
-        for g in self.gpus:
-            stage = lay.coords(g)[2]
-            for x in [g, *self._same_place(g)]:
-                for kind in ("tp", "dp", "ep", "edp", "cp"):
-                    grp = self._group(x, kind)
-                    if len(grp) > 1:
-                        flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
-                for s2 in (stage - 1, stage + 1):
-                    if 0 <= s2 < self.job.pp:
-                        flows.add((("pp", x, s2), topo.route(x, lay.stage_peer(x, s2)).links))
-        demand: dict[int, float] = {}
-        for _, r in flows:
-            top = min(cap[link] for link in r)
-            for link in r:
-                demand[link] = demand.get(link, 0.0) + top
-        return {link for link, d in demand.items() if d > cap[link] * (1 + 1e-9)}
-
-    def _group_links(self, group: list[int]) -> set[int]:
-        """The binding links a ring over ``group`` may cross."""
-        return {link for r in self._group_routes(group) for link in r} & self._binding
-
-    def _cacheable_kinds(self) -> set[str]:
-        """Collective kinds whose links no other traffic of the job can touch (symmetric mode only).
-
-        Such a collective always runs on otherwise idle links, so its duration depends only on its
-        shape: simulate it once, then reuse the measured duration (exact, and much faster)."""
-        if not self.symmetric:
-            return set()
-        lay = self.layout
-        users: dict[int, set[tuple]] = {}
-
-        def use(links: set[int], owner: tuple) -> None:
-            for link in links:
-                users.setdefault(link, set()).add(owner)
-
-        for g in self.gpus:
-            _, _, stage = lay.coords(g)
-            for kind in ("tp", "dp", "ep", "edp", "cp"):
-                grp = self._group(g, kind)
-                if len(grp) > 1:
-                    use(self._links_of(grp), (kind, tuple(grp)))
-                for m in self._mirror_groups(g, kind):
-                    use(self._links_of(m), (kind, tuple(m)))
-            for s2 in (stage - 1, stage + 1):
-                if 0 <= s2 < self.job.pp:
-                    for a, b in [(g, lay.stage_peer(g, s2)), *self._p2p_mirrors(g, s2)]:
-                        use(set(self.world.topology.route(a, b).links) & self._binding, ("pp", a))
-        shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
-
-    def _group(self, g: int, kind: str) -> list[int]:
-        lay = self.layout
-        if kind == "emb":  # first and last pipeline stage of g's (data, tensor) coordinates
-            d, t, _ = lay.coords(g)
-            return [lay.rank(d, t, 0), lay.rank(d, t, self.job.pp - 1)]
-        if kind in ("ep", "edp", "cp"):  # MoE all-to-all, expert-gradient sync; context-parallel K/V
-            if (lay.cp if kind == "cp" else lay.ep) == 1:
-                return [g]  # not used by this job (dense, or no context parallelism)
-            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
-        return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
-
-    def _links_of(self, group: list[int]) -> set[int]:
-        key = tuple(group)
-        links = self._link_cache.get(key)
-        if links is None:
-            links = self._link_cache[key] = self._group_links(group)
-        return links
-
-    def _same_place(self, g: int) -> list[int]:
-        """The other GPUs on g's node at g's pipeline stage: in symmetric mode they mirror g."""
-        topo, lay = self.world.topology, self.layout
-        node, stage = topo.node_of(g), lay.coords(g)[2]
-        first = node * topo.gpus_per_node
-        return [x for x in range(first, first + topo.gpus_per_node)
-                if x != g and x < lay.world_size and lay.coords(x)[2] == stage]
-
-    def _mirror_groups(self, g: int, kind: str) -> list[list[int]]:
-        """Groups of g's mirrors whose collectives share links with g's own (symmetric mode): they run
-        the same collective at the same time, so their traffic must be simulated too."""
-        key = (g, kind)
-        out = self._mirrors.get(key)
-        if out is None:
-            mine = self._group(g, kind)
-            out = []
-            if len(mine) > 1:
-                links = self._links_of(mine)
-                seen = {tuple(mine)}
-                for x in self._same_place(g):
-                    grp = self._group(x, kind)
-                    if tuple(grp) not in seen and self._links_of(grp) & links:
-                        seen.add(tuple(grp))
-                        out.append(grp)
-                # Groups crossing the links of g's other collective (e.g. the TP pairs of g's DP peers
-                # on the DP tree's links): a tree or a server is not gated step by step like a ring,
-                # so the peers' own traffic must be there, not only g's.
-                other = self._group(g, "dp" if kind == "tp" else "tp")
-                if kind in ("tp", "dp") and len(other) > 1:
-                    other_links = self._links_of(other)
-                    stage = self.layout.coords(g)[2]
-                    for x in range(self.layout.world_size):
-                        if x == g or self.layout.coords(x)[2] != stage:
-                            continue
-                        grp = self._group(x, kind)
-                        if tuple(grp) not in seen and self._links_of(grp) & other_links:
-                            seen.add(tuple(grp))
-                            out.append(grp)
-            self._mirrors[key] = out
-        return out
-
-    def _p2p_mirrors(self, g: int, dst_stage: int) -> list[tuple[int, int]]:
-        """Pipeline sends of g's mirrors that share a link with g's own send to ``dst_stage``."""
-        key = (g, "pp", dst_stage)
-        out = self._mirrors.get(key)
-        if out is None:
-            topo, lay = self.world.topology, self.layout
-            links = set(topo.route(g, lay.stage_peer(g, dst_stage)).links) & self._binding
-            out = [(x, lay.stage_peer(x, dst_stage)) for x in self._same_place(g)
-                   if links & set(topo.route(x, lay.stage_peer(x, dst_stage)).links)]
-            self._mirrors[key] = out
-        return out
 
     # ---- collectives -----------------------------------------------------------------------------
     def _collective(self, g: int, kind: str, op: str, size_bytes: float):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import simpy
 
-from sim.engine.collectives import CollectiveRun, Spec, make_run
+from sim.engine.collective_algorithms import Spec
+from sim.engine.collective_runs import CollectiveRun, make_run
 from sim.engine.network import Network
 from sim.engine.timeline import Span, Timeline
 from sim.hardware.topology import Topology

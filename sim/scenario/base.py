@@ -12,6 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sim.engine.collective_algorithms import (  # noqa: F401  (re-exported to the scenario sections)
+    ALGORITHM_NAMES,
+    COLLECTIVE_ALGORITHMS,
+    DP_ALGORITHMS,
+)
+
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 COLLECTIVE_OPS = (
     "all_reduce",
@@ -22,22 +28,8 @@ COLLECTIVE_OPS = (
     "all_to_all",
     "send_recv",
 )
-# op → algorithms the engine implements; the first is the default. "ps" = parameter server (rank 0 is the
-# server), "direct" = every rank sends to its peers directly, "chain" = pipelined chain (NCCL's ring for
-# rooted ops), "hierarchical" = an intra-node phase around an inter-node one (needs whole nodes).
-# Mirrors sim.engine.collectives.ALGORITHMS (a test keeps them equal).
-COLLECTIVE_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "ps", "nvls", "hierarchical_sharp"),
-    "reduce_scatter": ("ring",),
-    "all_gather": ("ring",),
-    "broadcast": ("chain", "binomial", "ps"),
-    "reduce": ("chain", "binomial", "ps"),
-    "all_to_all": ("direct",),
-    "send_recv": ("direct",),
-}
-ALGORITHMS = ("auto", "ring", "tree", "chain", "binomial", "ps", "hierarchical", "direct", "nvls",
-              "hierarchical_sharp")
-DP_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter_server")
+# The collective algorithms are defined once, by the engine's registry (op → algorithm → builder).
+ALGORITHMS = ALGORITHM_NAMES
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 
 

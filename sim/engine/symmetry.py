@@ -1,0 +1,188 @@
+"""Symmetry analysis: what a symmetric run (one simulated GPU per pipeline stage) must still simulate.
+
+With ``symmetric=True`` the executor simulates data rank 0, tensor rank 0 of each stage; the other GPUs
+mirror it. Their traffic still counts where it can slow the simulated GPUs down: this module finds the
+links that can bind (their flows could together exceed them), the groups of mirrors whose collectives
+share such links with a simulated group (they run alongside, ``mirror_groups``), the mirrored pipeline
+sends that share a link (``p2p_mirrors``), and the collective kinds no other traffic can touch, whose
+duration depends on their shape only (``cacheable``: simulated once and reused, exact).
+"""
+
+from __future__ import annotations
+
+from sim.engine.algorithms import CommConfig, algorithm_pairs
+from sim.hardware.topology import Topology
+from sim.parallel.layout import Layout
+
+KINDS = ("tp", "dp", "ep", "edp", "cp")
+
+
+class Symmetry:
+    """The groups of every GPU and, in symmetric mode, the mirrored traffic to simulate."""
+
+    def __init__(self, topology: Topology, layout: Layout, pp: int, comm: CommConfig, gpus: list[int],
+                 symmetric: bool):
+        self.topology = topology
+        self.layout = layout
+        self.pp = pp
+        self.comm = comm
+        self.gpus = gpus
+        self.symmetric = symmetric
+        self._link_cache: dict[tuple, set[int]] = {}
+        self._mirrors: dict[tuple, list] = {}
+        self.binding: set[int] = self._binding_links() if symmetric else set()
+        self.cacheable: set[str] = self._cacheable_kinds()
+
+    def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
+        """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
+        neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
+        symmetry analysis exact)."""
+        topo = self.topology
+        servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
+        members = group + servers
+        nics = topo.group_nics(members)
+        channels = max((len(v) for v in nics.values()), default=1)
+        routes: list[tuple[int, ...]] = []
+        by: dict[int, list[int]] = {}
+        for i, x in enumerate(group):
+            by.setdefault(topo.node_of(x), []).append(i)
+        pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        for ia, ib in pairs:
+            a, b = members[ia], members[ib]
+            if a == b:
+                continue
+            na, nb = topo.node_of(a), topo.node_of(b)
+            if na == nb:
+                routes.append(topo.route(a, b).links)
+            else:
+                for c in range(channels):
+                    routes.append(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
+        return routes
+
+    def _binding_links(self) -> set[int]:
+        """Links that could limit some flow: those whose capacity is below the sum of the top speeds
+        (route bottlenecks) of every flow that could ever cross them. Sharing any other link changes
+        nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine)."""
+        lay, topo = self.layout, self.topology
+        cap = topo.capacity_Bps
+        flows: set[tuple] = set()  # (owner, route): each potential flow once
+        for g in self.gpus:
+            stage = lay.coords(g)[2]
+            for x in [g, *self.same_place(g)]:
+                for kind in ("tp", "dp", "ep", "edp", "cp"):
+                    grp = self.group(x, kind)
+                    if len(grp) > 1:
+                        flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
+                for s2 in (stage - 1, stage + 1):
+                    if 0 <= s2 < self.pp:
+                        flows.add((("pp", x, s2), topo.route(x, lay.stage_peer(x, s2)).links))
+        demand: dict[int, float] = {}
+        for _, r in flows:
+            top = min(cap[link] for link in r)
+            for link in r:
+                demand[link] = demand.get(link, 0.0) + top
+        return {link for link, d in demand.items() if d > cap[link] * (1 + 1e-9)}
+
+    def _group_links(self, group: list[int]) -> set[int]:
+        """The binding links a ring over ``group`` may cross."""
+        return {link for r in self._group_routes(group) for link in r} & self.binding
+
+    def _cacheable_kinds(self) -> set[str]:
+        """Collective kinds whose links no other traffic of the job can touch (symmetric mode only).
+
+        Such a collective always runs on otherwise idle links, so its duration depends only on its
+        shape: simulate it once, then reuse the measured duration (exact, and much faster)."""
+        if not self.symmetric:
+            return set()
+        lay = self.layout
+        users: dict[int, set[tuple]] = {}
+
+        def use(links: set[int], owner: tuple) -> None:
+            for link in links:
+                users.setdefault(link, set()).add(owner)
+
+        for g in self.gpus:
+            _, _, stage = lay.coords(g)
+            for kind in ("tp", "dp", "ep", "edp", "cp"):
+                grp = self.group(g, kind)
+                if len(grp) > 1:
+                    use(self._links_of(grp), (kind, tuple(grp)))
+                for m in self.mirror_groups(g, kind):
+                    use(self._links_of(m), (kind, tuple(m)))
+            for s2 in (stage - 1, stage + 1):
+                if 0 <= s2 < self.pp:
+                    for a, b in [(g, lay.stage_peer(g, s2)), *self.p2p_mirrors(g, s2)]:
+                        use(set(self.topology.route(a, b).links) & self.binding, ("pp", a))
+        shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
+        return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
+
+    def group(self, g: int, kind: str) -> list[int]:
+        lay = self.layout
+        if kind == "emb":  # first and last pipeline stage of g's (data, tensor) coordinates
+            d, t, _ = lay.coords(g)
+            return [lay.rank(d, t, 0), lay.rank(d, t, self.pp - 1)]
+        if kind in ("ep", "edp", "cp"):  # MoE all-to-all, expert-gradient sync; context-parallel K/V
+            if (lay.cp if kind == "cp" else lay.ep) == 1:
+                return [g]  # not used by this job (dense, or no context parallelism)
+            return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
+        return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
+
+    def _links_of(self, group: list[int]) -> set[int]:
+        key = tuple(group)
+        links = self._link_cache.get(key)
+        if links is None:
+            links = self._link_cache[key] = self._group_links(group)
+        return links
+
+    def same_place(self, g: int) -> list[int]:
+        """The other GPUs on g's node at g's pipeline stage: in symmetric mode they mirror g."""
+        topo, lay = self.topology, self.layout
+        node, stage = topo.node_of(g), lay.coords(g)[2]
+        first = node * topo.gpus_per_node
+        return [x for x in range(first, first + topo.gpus_per_node)
+                if x != g and x < lay.world_size and lay.coords(x)[2] == stage]
+
+    def mirror_groups(self, g: int, kind: str) -> list[list[int]]:
+        """Groups of g's mirrors whose collectives share links with g's own (symmetric mode): they run
+        the same collective at the same time, so their traffic must be simulated too."""
+        key = (g, kind)
+        out = self._mirrors.get(key)
+        if out is None:
+            mine = self.group(g, kind)
+            out = []
+            if len(mine) > 1:
+                links = self._links_of(mine)
+                seen = {tuple(mine)}
+                for x in self.same_place(g):
+                    grp = self.group(x, kind)
+                    if tuple(grp) not in seen and self._links_of(grp) & links:
+                        seen.add(tuple(grp))
+                        out.append(grp)
+                # Groups crossing the links of g's other collective (e.g. the TP pairs of g's DP peers
+                # on the DP tree's links): a tree or a server is not gated step by step like a ring,
+                # so the peers' own traffic must be there, not only g's.
+                other = self.group(g, "dp" if kind == "tp" else "tp")
+                if kind in ("tp", "dp") and len(other) > 1:
+                    other_links = self._links_of(other)
+                    stage = self.layout.coords(g)[2]
+                    for x in range(self.layout.world_size):
+                        if x == g or self.layout.coords(x)[2] != stage:
+                            continue
+                        grp = self.group(x, kind)
+                        if tuple(grp) not in seen and self._links_of(grp) & other_links:
+                            seen.add(tuple(grp))
+                            out.append(grp)
+            self._mirrors[key] = out
+        return out
+
+    def p2p_mirrors(self, g: int, dst_stage: int) -> list[tuple[int, int]]:
+        """Pipeline sends of g's mirrors that share a link with g's own send to ``dst_stage``."""
+        key = (g, "pp", dst_stage)
+        out = self._mirrors.get(key)
+        if out is None:
+            topo, lay = self.topology, self.layout
+            links = set(topo.route(g, lay.stage_peer(g, dst_stage)).links) & self.binding
+            out = [(x, lay.stage_peer(x, dst_stage)) for x in self.same_place(g)
+                   if links & set(topo.route(x, lay.stage_peer(x, dst_stage)).links)]
+            self._mirrors[key] = out
+        return out

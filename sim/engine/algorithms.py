@@ -271,6 +271,7 @@ def _fastest_alone(op: str, close: list[Choice], size_bytes: float, topology, gp
             break
         run.join_all()
         w.env.run()
+        assert run.end_s is not None and run.start_s is not None, "a collective run alone always finishes"
         times[i] = run.end_s - run.start_s
         best_s = min(best_s, times[i])
     return close[min(times, key=lambda i: (times[i], i))]
@@ -354,6 +355,6 @@ def algorithm_pairs(p: int, ranks_by_node: list[list[int]], cfg: CommConfig, ext
         for j in range(g):
             rail = [r[j] for r in ranks_by_node if j < len(r)]
             pairs.update({(rail[i], rail[(i + 1) % len(rail)]) for i in range(len(rail)) if len(rail) > 1})
-        for r in ranks_by_node:
-            pairs.update({(r[i], r[(i + 1) % len(r)]) for i in range(len(r)) if len(r) > 1})
+        for node in ranks_by_node:
+            pairs.update({(node[i], node[(i + 1) % len(node)]) for i in range(len(node)) if len(node) > 1})
     return pairs

@@ -320,7 +320,7 @@ class TrainingExecutor:
             if b.dur_s > 0:
                 start = env.now
                 dur = b.dur_s if var is None else var.block_time(
-                    g, step, b.dur_s, bool(b.comm) and "@" not in b.comm and self.job.tp > 1)
+                    g, step, b.dur_s, bool(b.comm and "@" not in b.comm) and self.job.tp > 1)
                 work = dur * slow
                 yield from self._compute(g, work)
                 world.compute_events += 1
@@ -539,7 +539,9 @@ class TrainingExecutor:
         grads = sum(lw.grad_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers)
         if job.compress:
             yield from self._blocks(g, (job.compress,), COMPUTE, {"step": step}, "topk")
-        sent = grads * job.compression_ratio * (1 + job.index_bytes / job.grad_elem_bytes)
+        ratio = job.compression_ratio
+        assert ratio is not None, "only compressed jobs sync through here"
+        sent = grads * ratio * (1 + job.index_bytes / job.grad_elem_bytes)
         if job.dp > 1:
             yield self._dp_sync(g, "all_gather", sent * job.dp, step)
         if job.decompress:

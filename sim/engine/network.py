@@ -154,7 +154,7 @@ class Network:
         if lst is None:
             self._pending[t] = flows
             ev = self.env.timeout(latency_s)
-            ev.callbacks.append(lambda _e, t=t: self._activate(t))
+            ev.callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
         else:
             lst.extend(flows)
 

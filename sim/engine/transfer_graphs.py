@@ -139,7 +139,11 @@ def chain(p: int, size_bytes: float, chunks: int, root: int = 0, reverse: bool =
     order = [(root + j) % p for j in range(p)]
     if reverse:
         order = order[::-1]
-    src, dst, size, edges, lat = [], [], [], [], []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    edges: list[tuple[int, int]] = []
+    lat: list[float] = []
     idx = {}
     c_bytes = size_bytes / chunks
     for c in range(chunks):
@@ -170,7 +174,10 @@ def _binomial_children(i: int, p: int) -> list[int]:
 
 def binomial_broadcast(p: int, size_bytes: float, root: int = 0) -> DAG:
     """Binomial tree: each rank forwards to its children, largest subtree first. ⌈log2 p⌉(α + N/B)."""
-    src, dst, size, edges = [], [], [], []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    edges: list[tuple[int, int]] = []
     recv_of: dict[int, int] = {}
 
     def visit(i: int) -> None:
@@ -222,7 +229,12 @@ def parameter_server(p: int, size_bytes: float, root: int = 0, push: bool = True
         srv = [(root + r) % p for r in server_ranks(p, servers)] if servers > 1 else [root]
         workers = list(range(p))
     shard = size_bytes / servers
-    src, dst, size, edges, lat, delay = [], [], [], [], [], []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    edges: list[tuple[int, int]] = []
+    lat: list[float] = []
+    delay: list[float] = []
 
     def add(a: int, b: int, n: float, deps: list[int], lat_s: float = 1.0, d: float = 0.0) -> int:
         t = len(src)
@@ -273,7 +285,11 @@ def double_binary_tree_all_reduce(p: int, size_bytes: float, chunks: int) -> DAG
     children: list[list[int]] = [[] for _ in range(p)]
     for r in range(1, p):
         children[parent[r]].append(r)
-    src, dst, size, edges, lat = [], [], [], [], []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    edges: list[tuple[int, int]] = []
+    lat: list[float] = []
     up: dict[tuple[int, int], int] = {}
     down: dict[tuple[int, int], int] = {}
 

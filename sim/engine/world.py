@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import simpy
 
 from sim.engine.collective_algorithms import Spec
@@ -9,6 +11,9 @@ from sim.engine.collective_runs import CollectiveRun, make_run
 from sim.engine.network import Network
 from sim.engine.timeline import Span, Timeline
 from sim.hardware.topology import Topology
+
+if TYPE_CHECKING:  # algorithms.py imports this module
+    from sim.engine.algorithms import CommConfig
 
 
 class Stream:
@@ -50,7 +55,7 @@ class World:
         self._seq: dict[tuple, int] = {}
         self.compute_events = 0
         self.collectives_run = 0
-        self.comm = None  # sim.engine.algorithms.CommConfig: how collectives choose their algorithm
+        self.comm: CommConfig | None = None  # how collectives choose their algorithm
         self.algorithm_counts: dict[str, dict[str, int]] = {}  # op → algorithm/protocol → collectives
 
     # ---- collectives -----------------------------------------------------------------------------

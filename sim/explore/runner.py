@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -37,7 +38,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def no_fit_reason(summary: dict) -> str:
+def no_fit_reason(summary: Mapping[str, Any]) -> str:
     """Why a simulated point does not fit, in one line (peak, capacity, the first fix)."""
     mb = summary.get("memory_bytes", {})
     cap = summary.get("gpu_memory_bytes", 0.0)

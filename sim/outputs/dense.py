@@ -11,7 +11,10 @@ full detail stays in trace.json for Perfetto.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 
@@ -50,13 +53,14 @@ class DenseLayer:
         self._palette: dict[tuple[float, float, float], int] = {}
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def px(self, width: float) -> float:
+    def px(self, width: npt.ArrayLike) -> Any:
         """Width in pixels of ``width`` data units."""
-        return width * self.px_per_unit
+        return np.asarray(width) * self.px_per_unit
 
     def color_id(self, color) -> int:
         """Index of ``color`` in this layer's palette (added on first use)."""
-        return self._palette.setdefault(tuple(float(c) for c in to_rgb(color)), len(self._palette))
+        r, g, b = to_rgb(color)
+        return self._palette.setdefault((float(r), float(g), float(b)), len(self._palette))
 
     def add(self, row: int, color, x: float, width: float) -> None:
         """One interval ``[x, x + width)`` in data units, drawn in ``color`` on chart row ``row``."""

@@ -112,7 +112,7 @@ def gantt_rows(timeline: Timeline, max_rows: int = 64) -> tuple[list[GanttRow], 
         return rows, ""
     stages = stages_of(timeline)
     reps = representative_gpus(timeline)
-    per_stage = defaultdict(int)
+    per_stage: defaultdict[int, int] = defaultdict(int)
     for gpu in gpus:
         per_stage[stages.get(gpu, 0)] += 1
     most = max(per_stage.values())

@@ -35,7 +35,7 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())  # on disk before it replaces the old file
@@ -158,9 +158,10 @@ def _compact_encoder():
     C encoder made once (times are finite, so a float's JSON is its repr, as json itself writes it)."""
     from json import encoder as je
 
-    if je.c_make_encoder is None:  # pure-Python json: slower, same text
+    make = getattr(je, "c_make_encoder", None)  # the C accelerator (absent from the type stubs)
+    if make is None:  # pure-Python json: slower, same text
         return json.JSONEncoder(separators=(",", ":"), default=float).encode
-    c_enc = je.c_make_encoder(None, float, je.encode_basestring_ascii, None, ":", ",", False, False, True)
+    c_enc = make(None, float, je.encode_basestring_ascii, None, ":", ",", False, False, True)
     return lambda o: "".join(c_enc(o, 0))
 
 

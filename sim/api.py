@@ -10,19 +10,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim import memory as mem
+from sim.budget import progress_on_stderr
 from sim.build import JobInfo, build_job, cost_model_for, topology_for
 from sim.engine.algorithms import comm_config_for, server_nodes
 from sim.engine.collective_workload import CollectiveResult, run_collectives
 from sim.engine.executor import TrainingExecutor
 from sim.engine.timeline import Timeline
+from sim.engine.variability import Variability, percentiles
 from sim.engine.world import World
 from sim.metrics import simulated_peak_memory, training_summary
+from sim.parallel.layout import Layout
+from sim.run.goodput import reliability_summary
+from sim.scenario.load import scenario_from_dict
 from sim.scenario.schema import CollectiveModel, Scenario
 from sim.summary import Summary
 
 if TYPE_CHECKING:
     from sim.cost.base import CostModel
-    from sim.engine.variability import Variability
     from sim.hardware.topology import Topology
 
 SYMMETRY_AUTO_MIN_GPUS = 16  # below this, auto simulates every GPU (cheap, and every row in the charts)
@@ -51,8 +56,6 @@ def _use_symmetry(scenario: Scenario) -> bool:
 def simulate(scenario: Scenario, calibration: str | Path | None = None, progress: bool = False) -> RunResult:
     """Simulate ``scenario`` and return its summary and timeline (nothing is written); ``progress``
     reports on stderr every few seconds while it runs."""
-    from sim.budget import progress_on_stderr
-
     t_wall = time.perf_counter()
     cost = cost_model_for(scenario, calibration)
     topo = _topology(scenario, cost)
@@ -155,12 +158,8 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
                       parallel=parallel)
     summary = _with_cost(_with_memory(summary, scenario, info, world.timeline), scenario)
     if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)
-        from sim.run.goodput import reliability_summary
-
         summary = replace(summary, reliability=reliability_summary(scenario, summary, info.params_total))
     if ex.variability is not None or len(ex.step_end_s) > 1:
-        from sim.engine.variability import percentiles
-
         assert timed.step_times_s is not None
         p = percentiles(timed.step_times_s)
         summary = replace(summary, step_time_p50_s=p["step_time_p50_s"], step_time_p90_s=p["step_time_p90_s"],
@@ -179,9 +178,6 @@ def _variability(scenario: Scenario, symmetric: bool) -> Variability | None:
     rs = c.random_stragglers
     if c.jitter is None and rs is None:
         return None
-    from sim.engine.variability import Variability
-    from sim.parallel.layout import Layout
-
     par = scenario.parallel
     assert par is not None
     return Variability(seed=scenario.simulation.seed,
@@ -193,8 +189,6 @@ def _variability(scenario: Scenario, symmetric: bool) -> Variability | None:
 
 def _with_memory(summary: Summary, scenario: Scenario, info: JobInfo, timeline: Timeline) -> Summary:
     """``summary`` plus its memory figures: the worst stage's breakdown, every stage, and whether it fits."""
-    from sim import memory as mem
-
     cap = scenario.gpu.memory_bytes
     stages = info.memory_by_stage
     sim_peak = simulated_peak_memory(timeline)
@@ -251,7 +245,9 @@ def write_results(result: RunResult, out_dir: Path, charts: bool = True, trace: 
                   trace_gz: bool = False) -> list[Path]:
     """Write the result folder: summary.json, timeline.csv, trace.json (or trace.json.gz), resolved.yaml
     (+ charts); see ``sim.outputs.run_files``."""
-    from sim.outputs.run_files import write_run_files
+    from sim.outputs.run_files import (
+        write_run_files,  # lazy: charts pull in matplotlib, simulate() never does
+    )
 
     return write_run_files(result, out_dir, charts=charts, trace=trace, trace_gz=trace_gz)
 
@@ -259,8 +255,6 @@ def write_results(result: RunResult, out_dir: Path, charts: bool = True, trace: 
 def bubble_sweep(scenario: Scenario, microbatches: list[int]) -> list[tuple[int, float]]:
     """Simulate ``scenario`` again with m micro-batches per replica for each m (changing the global
     batch) and return (m, simulated bubble fraction) points for the bubble-vs-m chart."""
-    from sim.scenario.load import scenario_from_dict
-
     par, tr = scenario.parallel, scenario.training
     assert par is not None and tr is not None
     points = []
@@ -274,6 +268,4 @@ def bubble_sweep(scenario: Scenario, microbatches: list[int]) -> list[tuple[int,
 
 def run_scenario_dict(scenario: dict, calibration: str | Path | None = None) -> dict:
     """Convenience for scripts (and ``dtsim validate``): a scenario mapping in, its summary out."""
-    from sim.scenario.load import scenario_from_dict
-
     return simulate(scenario_from_dict(scenario), calibration).summary.to_dict()

@@ -12,7 +12,11 @@ raises the limit.
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING
 from sim.errors import ScenarioError
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
 from sim.training.step_work import grad_bucket_bytes
+from sim.workload.transformer import model_params
 
 if TYPE_CHECKING:
     from sim.engine.world import World
@@ -84,8 +89,6 @@ def _symmetric(sc: Scenario) -> bool:
 
 def _params(model: ModelSpec) -> float:
     if isinstance(model, TransformerModel):
-        from sim.workload.transformer import model_params
-
         return float(model_params(model.to_dims()))
     if isinstance(model, LayersModel):
         return float(sum(layer.params for layer in model.layers))
@@ -143,8 +146,6 @@ def check_budget(
     sc: Scenario, max_events: float | None = None, flag: str = "--max-events", announce: bool = True
 ) -> WorkEstimate:
     """Refuse (one line, exit 2) a scenario whose estimate exceeds the budget; announce long runs."""
-    import sys
-
     limit = DEFAULT_MAX_EVENTS if max_events is None else max_events
     est = estimate_work(sc)
     if est.events > limit:
@@ -178,8 +179,6 @@ def _round_up(x: float) -> str:
 
 def positive_events(text: str) -> float:
     """argparse type for --max-events: a positive count (1e9 or 1000000000)."""
-    import argparse
-
     try:
         value = float(text)
     except ValueError:
@@ -196,10 +195,6 @@ PROGRESS_EVERY_S = 10.0
 def progress_on_stderr(world: World, enabled: bool, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
     """While a long simulation runs, say every ``every_s`` seconds on stderr how far it has got (wall time,
     transfers, the simulated clock), from a daemon thread that only reads counters."""
-    import sys
-    import threading
-    import time
-
     if not enabled:
         yield
         return

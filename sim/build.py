@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sim import memory as mem
 from sim.cost.base import INTER_NODE, INTRA_NODE, CostModel
+from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.job import Block, ChunkWork, LayerWork, TrainingJob
 from sim.engine.timeline import DATA
@@ -18,10 +19,13 @@ from sim.hardware.topology import Topology
 from sim.parallel import context as ctx
 from sim.parallel.layout import partition_layers
 from sim.training import step_work as sw
+from sim.training.loss_scale import LossScaleConfig
+from sim.training.loss_scale import simulate as simulate_loss_scale
 from sim.units import DTYPE_BYTES
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS
+from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
 
@@ -31,8 +35,6 @@ def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel
     path = calibration or scenario.calibration
     if not path:
         return roof
-    from sim.cost.calibrated import CalibratedCostModel
-
     return CalibratedCostModel(path, fallback=roof)
 
 
@@ -93,12 +95,10 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
     par, tr = scenario.parallel, scenario.training
     overflow: frozenset[int] = frozenset()
     if tr.loss_scaling.kind != "none":
-        from sim.training.loss_scale import LossScaleConfig, simulate
-
         ls = tr.loss_scaling
         cfg = LossScaleConfig(mode=ls.kind, init_scale=ls.init_scale, growth_factor=ls.growth_factor,
                               backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
-        recs = simulate(scenario.simulation.steps, cfg, overflow_steps=ls.overflow_steps or None,
+        recs = simulate_loss_scale(scenario.simulation.steps, cfg, overflow_steps=ls.overflow_steps or None,
                         overflow_prob=ls.overflow_probability, rng=scenario.simulation.seed)
         info.loss_scale = [{"step": r.step, "scale": r.scale, "overflow": r.overflow, "skipped": r.skipped}
                            for r in recs]
@@ -355,8 +355,6 @@ def _compute_time_s(job: TrainingJob) -> float:
 
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------
 def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    from sim.workload.layers import checkpoint_bytes, generic_layer_ops
-
     m, par, tr = scenario.model, scenario.parallel, scenario.training
     b, dtype = tr.micro_batch, tr.precision
     gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]

@@ -154,3 +154,45 @@ def test_kill_at_random_points_never_leaves_a_mixed_folder(tmp_path) -> None:
         assert not list(tmp_path.glob(".r.tmp-*")), list(tmp_path.iterdir())
         if (tmp_path / "r.prev").exists():
             _consistent(tmp_path / "r.prev")
+
+
+def test_interrupt_while_writing_the_manifest_leaves_the_old_result(tmp_path, capsys, monkeypatch) -> None:
+    """Ctrl-C inside commit() before the swap (the manifest is written with signals still open): the staging
+    folder is removed and the previous result stays as it was."""
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    before = {n: (out / n).read_bytes() for n in _files(out)}
+
+    def interrupted(self, staging):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ResultDir, "_write_manifest", interrupted)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 130
+    assert "removed the unfinished result" in capsys.readouterr().err
+    assert {n: (out / n).read_bytes() for n in _files(out)} == before
+    assert not list(tmp_path.glob(".r.tmp-*")) and not (tmp_path / "r.prev").exists()
+
+
+def test_ctrl_c_turned_into_another_error_by_a_library_is_still_an_interrupt(tmp_path, capsys, monkeypatch) -> None:
+    """A SIGINT whose KeyboardInterrupt a library converts (matplotlib can raise ValueError from inside a
+    draw) exits 130 as an interruption, removes the unfinished result and keeps the old one."""
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    before = {n: (out / n).read_bytes() for n in _files(out)}
+    import sim.outputs.report as report
+
+    def swallowed(*a, **k):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise ValueError("Invalid bounding box")
+
+    monkeypatch.setattr(report, "write_report", swallowed)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 130
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "removed the unfinished result" in err
+    assert {n: (out / n).read_bytes() for n in _files(out)} == before
+    assert not list(tmp_path.glob(".r.tmp-*"))

@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.engine.timeline import Timeline
+from sim.outputs.bubble import plot_schedule
+from sim.outputs.gantt import plot_gantt
+from sim.outputs.goodput_chart import plot_goodput
+from sim.outputs.memory_chart import plot_memory
 
 
 def draw_all(timeline: Timeline, summary: dict, out_dir: Path, skip: tuple[str, ...] = (),
              only: tuple[str, ...] | None = None) -> list[Path]:
     """Every chart of a run (by stem: gantt, pipeline, memory, goodput); ``skip`` or ``only`` split them between
     two processes (``sim.outputs.run_files``)."""
-    from sim.outputs.bubble import plot_schedule
-    from sim.outputs.gantt import plot_gantt
-    from sim.outputs.memory_chart import plot_memory
-
     def want(stem: str) -> bool:
         return stem not in skip and (only is None or stem in only)
 
@@ -26,7 +26,5 @@ def draw_all(timeline: Timeline, summary: dict, out_dir: Path, skip: tuple[str, 
         if summary.get("memory_by_stage") and want("memory"):
             paths += plot_memory(summary, out_dir / "memory")
         if summary.get("reliability") and want("goodput"):
-            from sim.outputs.goodput_chart import plot_goodput
-
             paths += plot_goodput(summary, out_dir / "goodput")
     return paths

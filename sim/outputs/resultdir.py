@@ -142,6 +142,7 @@ class ResultDir:
         self._lock_fd: int | None = None
         self._lock_path = self.out.parent / f".{self.out.name}.lock"
         self._old_handlers: dict[int, object] = {}
+        self._signalled = False  # a SIGINT/SIGTERM arrived while this folder was being written
         self._check()
         self._lock()
 
@@ -246,7 +247,12 @@ class ResultDir:
             if exc_type is None:
                 self.commit()
             else:
-                self._abort(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+                interrupted = self._signalled or issubclass(exc_type, KeyboardInterrupt)
+                self._abort(interrupted=interrupted)
+                if interrupted and not issubclass(exc_type, KeyboardInterrupt):
+                    # Ctrl-C landed in a library that turned it into another error (matplotlib can):
+                    # it is still an interruption, not a dtsim bug.
+                    raise KeyboardInterrupt from exc
         finally:
             self._restore_signals()
             self._unlock()
@@ -255,7 +261,11 @@ class ResultDir:
         """Swap the finished staging folder in (signals held off so the swap is never half done)."""
         staging = self.staging
         assert staging is not None
-        self._write_manifest(staging)
+        try:
+            self._write_manifest(staging)
+        except BaseException as exc:  # e.g. Ctrl-C before the swap: the staging folder goes, out is untouched
+            self._abort(interrupted=isinstance(exc, KeyboardInterrupt))
+            raise
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)
         try:
             _fsync_dir(staging)
@@ -296,10 +306,12 @@ class ResultDir:
     # ---- signals and lock --------------------------------------------------------------------------
     def _install_signals(self) -> None:
         def to_interrupt(signum, frame):  # SIGTERM unwinds like Ctrl-C, so cleanup runs
+            self._signalled = True  # remembered in case a library swallows the KeyboardInterrupt
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
         try:
-            self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, to_interrupt)
+            for sig in _HANDLED_SIGNALS:
+                self._old_handlers[sig] = signal.signal(sig, to_interrupt)
         except ValueError:  # not the main thread: leave signals alone
             pass
 

@@ -14,6 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from sim.outputs.span_table import span_table
 from sim.outputs.timeline_meta import FILE as TIMELINE_META
 from sim.outputs.timeline_meta import timeline_meta_json
 from sim.outputs.writers import (
@@ -23,6 +26,7 @@ from sim.outputs.writers import (
     write_chrome_trace,
     write_timeline_csv,
 )
+from sim.scenario.load import dump_resolved
 
 PARALLEL_MIN_SPANS = 5_000  # below this the outputs take well under a second: no process is worth it
 # Rough costs on one core, to split the work between the two processes: the text files take ~8 µs per
@@ -58,7 +62,7 @@ def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trac
     gc.disable()  # short-lived: a collection would walk (and so copy, page by page) the parent's whole heap
     try:
         _write_big_files(timeline, out_dir, meta, trace, trace_gz)
-        from sim.outputs.charts import draw_all
+        from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
 
         drawn = draw_all(timeline, summary, out_dir, skip=parent_charts)
         reply.send([str(p) for p in drawn])
@@ -91,10 +95,6 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
 
 
 def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz: bool) -> list[Path]:
-    from tqdm import tqdm
-
-    from sim.scenario.load import dump_resolved
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     timeline = result.timeline
@@ -112,7 +112,7 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
     bar = tqdm(total=len(steps), desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
                disable=None, leave=False)
     with bar:
-        from sim.outputs.charts import draw_all
+        from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
 
         ctx = _fork_context() if charts and len(timeline.spans) >= PARALLEL_MIN_SPANS else None
         child = None
@@ -121,8 +121,6 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
         heavy = len(timeline.spans) * TEXT_S_PER_SPAN >= CHARTS_S / 2
         parent_charts = ("gantt", "pipeline") if heavy else ("gantt",)
         if ctx is not None:
-            from sim.outputs.span_table import span_table
-
             span_table(timeline)  # built once, before the fork: both processes read the same columns
             receive, reply = ctx.Pipe(duplex=False)
             child = ctx.Process(target=_child, args=(timeline, result.summary, out_dir, meta, trace, trace_gz,

@@ -6,18 +6,21 @@ a half-written file where a good one was.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from json import encoder as je
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from sim.engine.timeline import Timeline
+from sim.outputs.span_table import span_table
 
 
 def _umask() -> int:
@@ -61,8 +64,6 @@ def atomic_text(path: Path, gzip_level: int | None = None) -> Iterator[IO[str]]:
         with atomic_open(path, "w") as f:
             yield f
         return
-    import gzip
-
     with atomic_open(path, "wb") as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=gzip_level, mtime=0) as gz:
             with io.TextIOWrapper(gz, encoding="utf-8", newline="") as text:
@@ -99,8 +100,6 @@ def _csv_column(texts: list[str]) -> list[str]:
 
 def csv_order(timeline: Timeline) -> list[int]:
     """Span indices sorted by (GPU, start, stream name), stable: the row order of timeline.csv."""
-    from sim.outputs.span_table import span_table
-
     table = span_table(timeline)
     alpha = {name: rank for rank, name in enumerate(sorted(table.streams))}
     stream_rank = np.array([alpha[name] for name in table.streams], dtype=np.int64)
@@ -156,8 +155,6 @@ STREAM_ORDER = {"compute": 0, "comm": 1, "dp": 2, "p2p": 3}
 def _compact_encoder():
     """``json.dumps(o, separators=(",", ":"), default=float)`` without building an encoder per call: the
     C encoder made once (times are finite, so a float's JSON is its repr, as json itself writes it)."""
-    from json import encoder as je
-
     make = getattr(je, "c_make_encoder", None)  # the C accelerator (absent from the type stubs)
     if make is None:  # pure-Python json: slower, same text
         return json.JSONEncoder(separators=(",", ":"), default=float).encode

@@ -23,6 +23,7 @@ import simpy
 
 from sim.engine import collective_algorithms as coll
 from sim.engine.algorithms import CommConfig, choose, group_shape
+from sim.engine.collective_algorithms import COLLECTIVE_ALGORITHMS
 from sim.engine.job import Block, TrainingJob
 from sim.engine.symmetry import Symmetry
 from sim.engine.timeline import (
@@ -83,7 +84,8 @@ class TrainingExecutor:
         self._cache: dict[tuple, float] = {}
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
-        self.symmetry = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric)
+        self.symmetry = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric,
+                                 ring_only=self._ring_only_kinds())
         self._group = self.symmetry.group
         self._same_place = self.symmetry.same_place
         self._mirror_groups = self.symmetry.mirror_groups
@@ -467,6 +469,20 @@ class TrainingExecutor:
             self.step_end_s[step] = max(self.step_end_s[step], self.env.now)
         self._finished.add(g)
         self._waiting.pop(g, None)
+
+    def _ring_only_kinds(self) -> set[str]:
+        """TP/DP when every collective that kind runs with real bytes exists only as a ring (reduce-scatter,
+        all-gather: sequence parallelism, ZeRO); the 4-byte gradient-norm all-reduce is latency, not bytes."""
+        job = self.job
+        tp_ops = {b.comm.partition("@")[0] for c in job.chunks for lw in c.layers
+                  for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
+                  if b.comm and b.comm_bytes > 0 and b.comm.partition("@")[2] in ("", "tp")}
+        if job.zero == 3:
+            dp_ops = {"reduce_scatter", "all_gather"}
+        else:
+            dp_ops = {self._grad_op()} | ({"all_gather"} if job.zero >= 1 or job.compression_ratio else set())
+        return {kind for kind, ops in (("tp", tp_ops), ("dp", dp_ops))
+                if all(COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in ops)}
 
     def _grad_op(self) -> str:
         job = self.job

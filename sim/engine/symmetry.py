@@ -21,13 +21,17 @@ class Symmetry:
     """The groups of every GPU and, in symmetric mode, the mirrored traffic to simulate."""
 
     def __init__(self, topology: Topology, layout: Layout, pp: int, comm: CommConfig, gpus: list[int],
-                 symmetric: bool):
+                 symmetric: bool, ring_only: set[str] | None = None):
         self.topology = topology
         self.layout = layout
         self.pp = pp
         self.comm = comm
         self.gpus = gpus
         self.symmetric = symmetric
+        # Kinds ("tp", "dp") whose bandwidth-carrying collectives can only be rings. When both are, every
+        # collective is gated step by step and g's mirrors already carry the traffic g's rings meet: the
+        # peers' groups on the other kind's links (needed for trees and servers) are not added.
+        self.ring_only = ring_only or set()
         self._link_cache: dict[tuple, set[int]] = {}
         self._mirrors: dict[tuple, list] = {}
         self.binding: set[int] = self._binding_links() if symmetric else set()
@@ -162,7 +166,8 @@ class Symmetry:
                 # on the DP tree's links): a tree or a server is not gated step by step like a ring,
                 # so the peers' own traffic must be there, not only g's.
                 other = self.group(g, "dp" if kind == "tp" else "tp")
-                if kind in ("tp", "dp") and len(other) > 1:
+                rings = {"tp", "dp"} <= self.ring_only  # both rings: each is gated by its own mirrors
+                if kind in ("tp", "dp") and len(other) > 1 and not rings:
                     other_links = self._links_of(other)
                     stage = self.layout.coords(g)[2]
                     for x in range(self.layout.world_size):

@@ -303,15 +303,27 @@ def test_simulated_activation_memory_is_korthikanti_table2(sp: bool, ckpt: str) 
     assert round(2 * per_layer) in steps
 
 
-@pytest.mark.parametrize("zero,tp,dp,pp", [(1, 2, 4, 2), (2, 4, 1, 4), (1, 2, 8, 1), (2, 2, 2, 4)])
-def test_symmetric_matches_full_when_every_collective_is_a_ring(zero: int, tp: int, dp: int, pp: int) -> None:
-    """Sequence parallelism (TP all-gather/reduce-scatter) and ZeRO (DP reduce-scatter/all-gather) leave
-    only rings: symmetric mode then skips the peers' groups it adds for trees, and still equals the run
-    with every GPU simulated, while simulating far fewer collectives."""
+@pytest.mark.parametrize("zero,tp,dp,pp", [(1, 2, 4, 2), (2, 2, 8, 1), (1, 2, 2, 4), (2, 2, 2, 4)])
+def test_symmetric_matches_full_when_every_collective_is_a_ring(zero: int, tp: int, dp: int, pp: int,
+                                                                 monkeypatch) -> None:
+    """Sequence parallelism (TP all-gather/reduce-scatter, ring all-reduces for the loss) and ZeRO-1/2 (DP
+    reduce-scatter/all-gather) leave only rings: symmetric mode then skips the peers' groups it adds for
+    trees, and still equals the run with every GPU simulated."""
+    from sim.engine import symmetry
+
+    seen: list[set[str]] = []
+    init = symmetry.Symmetry.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self.ring_only)
+
+    monkeypatch.setattr(symmetry.Symmetry, "__init__", spy)
     over = dict(parallel__data=dp, parallel__tensor=tp, parallel__pipeline=pp, parallel__zero=zero,
                 parallel__sequence_parallel=True, training__global_batch=dp * 2 * 4)
     full = simulate(scenario_from_dict(_tiny(simulation__symmetry="off", **over)))
     sym = simulate(scenario_from_dict(_tiny(simulation__symmetry="on", **over)))
+    assert seen[-1] == {"tp", "dp"}  # the rule applied in the symmetric run
     assert sym.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-8)
     # The 4-byte gradient-norm all-reduce (ZeRO) runs as a tree, whose ranks finish apart: 2e-4 of the
     # exposed communication, as before this rule (not in the step time).

@@ -471,18 +471,23 @@ class TrainingExecutor:
         self._waiting.pop(g, None)
 
     def _ring_only_kinds(self) -> set[str]:
-        """TP/DP when every collective that kind runs with real bytes exists only as a ring (reduce-scatter,
-        all-gather: sequence parallelism, ZeRO); the 4-byte gradient-norm all-reduce is latency, not bytes."""
+        """"tp"/"dp" when every collective of that kind runs as a ring: TP's as the tuner chooses them for
+        their real sizes; DP's when they exist only as rings (reduce-scatter, all-gather: ZeRO-1/2). The 4-byte
+        gradient-norm all-reduce runs after the last backward, when no replica has TP traffic: left out."""
         job = self.job
-        tp_ops = {b.comm.partition("@")[0] for c in job.chunks for lw in c.layers
-                  for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
-                  if b.comm and b.comm_bytes > 0 and b.comm.partition("@")[2] in ("", "tp")}
-        if job.zero == 3:
-            dp_ops = {"reduce_scatter", "all_gather"}
-        else:
-            dp_ops = {self._grad_op()} | ({"all_gather"} if job.zero >= 1 or job.compression_ratio else set())
-        return {kind for kind, ops in (("tp", tp_ops), ("dp", dp_ops))
-                if all(COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in ops)}
+        group = self.layout.tp_group(self.gpus[0])
+        tp = {(b.comm.partition("@")[0], b.comm_bytes) for c in job.chunks for lw in c.layers
+              for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
+              if b.comm and b.comm_bytes > 0 and b.comm.partition("@")[2] in ("", "tp")}
+        tp_rings = len(group) == 1 or all(
+            choose(op, "tp", size, self.world.topology, group, self.comm, self._choices).algorithm == "ring"
+            for op, size in tp)
+        # ZeRO-1/2: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-3's
+        # per-layer gathers interleave with compute in ways the peers' groups still matter for: kept.)
+        dp_ops = {self._grad_op(), "all_gather"}
+        dp_rings = job.zero in (1, 2) and job.compression_ratio is None and all(
+            COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
+        return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
 
     def _grad_op(self) -> str:
         job = self.job

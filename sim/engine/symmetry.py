@@ -28,9 +28,11 @@ class Symmetry:
         self.comm = comm
         self.gpus = gpus
         self.symmetric = symmetric
-        # Kinds ("tp", "dp") whose bandwidth-carrying collectives can only be rings. When both are, every
-        # collective is gated step by step and g's mirrors already carry the traffic g's rings meet: the
-        # peers' groups on the other kind's links (needed for trees and servers) are not added.
+        # Kinds ("tp", "dp") whose collectives all run as rings. When both do, every collective is gated
+        # step by step and g's mirrors on its own node carry the traffic its rings meet, so the peers'
+        # groups on the other kind's links (needed for trees and servers) are not added. Not a proof of
+        # exactness: identical to the full simulation on the small layouts tested (tests/
+        # test_training_sim.py), 2e-4 of the step on the 175B plan winner, for 15x less simulation.
         self.ring_only = ring_only or set()
         self._link_cache: dict[tuple, set[int]] = {}
         self._mirrors: dict[tuple, list] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from sim import memory as mem
@@ -18,6 +19,7 @@ from sim.engine.timeline import DATA
 from sim.hardware.topology import Topology
 from sim.parallel import context as ctx
 from sim.parallel.layout import partition_layers
+from sim.scenario.schema import LayersModel, Scenario, SyntheticModel, TransformerModel
 from sim.training import step_work as sw
 from sim.training.loss_scale import LossScaleConfig
 from sim.training.loss_scale import simulate as simulate_loss_scale
@@ -29,7 +31,7 @@ from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
 
-def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel:
+def cost_model_for(scenario: Scenario, calibration: str | Path | None = None) -> CostModel:
     """The datasheet roofline, or a calibrated profile with the roofline filling its gaps."""
     roof = RooflineCostModel(scenario.gpu)
     path = calibration or scenario.calibration
@@ -38,7 +40,7 @@ def cost_model_for(scenario, calibration: str | Path | None = None) -> CostModel
     return CalibratedCostModel(path, fallback=roof)
 
 
-def topology_for(scenario, cost: CostModel, max_nodes: int | None = None) -> Topology:
+def topology_for(scenario: Scenario, cost: CostModel, max_nodes: int | None = None) -> Topology:
     """The scenario's topology; ``max_nodes`` builds only that many nodes (same links and per-link
     figures: what a closed-form screen needs to read link speeds without building a huge cluster)."""
     c = scenario.cluster
@@ -76,7 +78,7 @@ def _stage_chunks(n_layers: int, pp: int, v: int, counts: list[int] | None = Non
     return partition_layers(n_layers, pp * v, counts)
 
 
-def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+def build_job(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     kind = scenario.model.kind
     if kind == "synthetic":
         return _synthetic(scenario, cost)
@@ -85,14 +87,15 @@ def build_job(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     return _layers(scenario, cost)
 
 
-def _bucket_bytes(scenario, grad_elem_bytes: int) -> float:
-    return sw.grad_bucket_bytes(scenario.parallel.bucket_MB, transformer=scenario.model.kind == "transformer",
-                             data=scenario.parallel.data, grad_elem_bytes=grad_elem_bytes)
+def _bucket_bytes(scenario: Scenario, grad_elem_bytes: int) -> float:
+    par, _ = scenario.require_training()
+    return sw.grad_bucket_bytes(par.bucket_MB, transformer=scenario.model.kind == "transformer",
+                             data=par.data, grad_elem_bytes=grad_elem_bytes)
 
 
-def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: Block, unscale: Block | None,
-            grad_bytes_per_gpu: float, cost: CostModel, info: JobInfo) -> TrainingJob:
-    par, tr = scenario.parallel, scenario.training
+def _common(scenario: Scenario, chunks: list[ChunkWork], static: list[float], opt_block: Block,
+            unscale: Block | None, grad_bytes_per_gpu: float, cost: CostModel, info: JobInfo) -> TrainingJob:
+    par, tr = scenario.require_training()
     overflow: frozenset[int] = frozenset()
     if tr.loss_scaling.kind != "none":
         ls = tr.loss_scaling
@@ -129,12 +132,12 @@ def _common(scenario, chunks: list[ChunkWork], static: list[float], opt_block: B
     )
 
 
-def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[float],
+def _memory_by_stage(scenario: Scenario, params_by_stage: list[float], act_by_stage: list[float],
                      buffers_by_stage: list[float], grad_bytes_per_param: float | None = None,
                      expert_by_stage: list[float] | None = None) -> list[dict]:
     """Per stage: model states (ZeRO over data parallelism; MoE experts' over their expert-DP group),
     activations and buffers."""
-    par, tr = scenario.parallel, scenario.training
+    par, tr = scenario.require_training()
     out = []
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     for s, params in enumerate(params_by_stage):
@@ -153,8 +156,9 @@ def _memory_by_stage(scenario, params_by_stage: list[float], act_by_stage: list[
 
 
 # ---- synthetic ------------------------------------------------------------------------------------
-def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    m, par, tr = scenario.model, scenario.parallel, scenario.training
+def _synthetic(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    m, (par, tr) = scenario.model, scenario.require_training()
+    assert isinstance(m, SyntheticModel), "build_job sends only synthetic models here"
     e = sw.grad_elem_bytes(tr.precision)
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
@@ -168,7 +172,7 @@ def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     info = JobInfo()
     per_stage_layers = [sum(len(parts[c * par.pipeline + s]) for c in range(par.virtual_stages))
                         for s in range(par.pipeline)]
-    params_by_stage = [n * m.params_per_layer for n in per_stage_layers]
+    params_by_stage: list[float] = [n * m.params_per_layer for n in per_stage_layers]
     info.params_total = m.layers * m.params_per_layer
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline)
     static = [d["weights"] + d["gradients"] + d["optimizer"] for d in info.memory_by_stage]
@@ -179,8 +183,9 @@ def _synthetic(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
 
 
 # ---- transformer ----------------------------------------------------------------------------------
-def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    m, par, tr = scenario.model, scenario.parallel, scenario.training
+def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    m, (par, tr) = scenario.model, scenario.require_training()
+    assert isinstance(m, TransformerModel), "build_job sends only transformer models here"
     d = tf.TransformerDims(
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden, vocab=m.vocab,
         seq_len=m.seq_len, kv_heads=m.kv_heads, mlp=m.mlp, bias=m.bias, norm=m.norm, position=m.position,
@@ -214,15 +219,15 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
                               [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)] * ring, host)
     else:
         recompute = ()
-    act_kw = dict(seq=seq, micro_batch=b, hidden=m.hidden, heads=m.heads, tp=t, sequence_parallel=sp,
-                  bytes_per_elem=ebytes)
+    layer_act = partial(mem.activation_bytes_per_layer, seq=seq, micro_batch=b, hidden=m.hidden,
+                        heads=m.heads, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
     # as in the paper's Table 2.
     flash = m.attention == "flash"
     stored = "selective" if flash and ck.kind == "none" else ck.kind
-    full_layer_act = mem.activation_bytes_per_layer(checkpointing="selective" if flash else "none", **act_kw)
-    ckpt_act = mem.activation_bytes_per_layer(checkpointing=stored, **act_kw)
+    full_layer_act = layer_act(checkpointing="selective" if flash else "none")
+    ckpt_act = layer_act(checkpointing=stored)
     layer_params = tf.layer_params(d) / t
     expert_local = 0.0  # MoE: this GPU's experts' parameters per layer (synced over the expert-DP group)
     if moe is not None:
@@ -335,11 +340,12 @@ def _transformer(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     return job, info
 
 
-def _on_one_gpu(scenario):
+def _on_one_gpu(scenario: Scenario) -> Scenario:
     """The scenario's model and batch on a single GPU (for T₁): no parallelism, plain 1F1B."""
-    par = scenario.parallel.model_copy(update={"data": 1, "tensor": 1, "pipeline": 1, "virtual_stages": 1,
-                                               "schedule": "1f1b", "sequence_parallel": False, "zero": 0,
-                                               "expert": None, "context": None, "stage_layers": None})
+    base, _ = scenario.require_training()
+    par = base.model_copy(update={"data": 1, "tensor": 1, "pipeline": 1, "virtual_stages": 1,
+                                  "schedule": "1f1b", "sequence_parallel": False, "zero": 0,
+                                  "expert": None, "context": None, "stage_layers": None})
     cluster = scenario.cluster.model_copy(update={"nodes": 1, "gpus_per_node": 1})
     return scenario.model_copy(update={"parallel": par, "cluster": cluster})
 
@@ -354,8 +360,9 @@ def _compute_time_s(job: TrainingJob) -> float:
 
 
 # ---- generic layers (CNN / MLP) -------------------------------------------------------------------
-def _layers(scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
-    m, par, tr = scenario.model, scenario.parallel, scenario.training
+def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
+    m, (par, tr) = scenario.model, scenario.require_training()
+    assert isinstance(m, LayersModel), "build_job sends only layers models here"
     b, dtype = tr.micro_batch, tr.precision
     gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
     specs = m.to_layers()

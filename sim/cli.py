@@ -1,6 +1,8 @@
 """dtsim command line: run | compare | sweep | plan | plot | calibrate | validate [--published] | schema.
 
 User mistakes (ScenarioError) print one line and exit 2; a failed simulation (e.g. a deadlock) exits 1.
+The subcommands import their modules inside the function, for start-up speed: each command loads only what
+it needs (the simulator, matplotlib, torch are heavy).
 """
 
 from __future__ import annotations

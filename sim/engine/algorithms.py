@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from sim.hardware.nccl import (
     base_latency_s,
     chunks_for,
 )
+
+if TYPE_CHECKING:  # the engine reads a scenario but never needs the schema module at run time
+    from sim.scenario.schema import Scenario
 
 PIPELINE_PROTOCOLS = {"ring": PROTOCOLS, "tree": PROTOCOLS}  # others run Simple only (as NCCL's NVLS/CollNet)
 
@@ -307,7 +311,7 @@ def _lower_bound_s(run: CollectiveRun, spec: coll.Spec, topology) -> float:
 CPU_SERVER_MEMORY_Bps = 2 * 8 * 25.6e9
 
 
-def comm_config_for(scenario, topology) -> CommConfig:
+def comm_config_for(scenario: Scenario, topology) -> CommConfig:
     """The scenario's collective settings; dedicated servers sit on the extra nodes after the GPUs'."""
     par, c = scenario.parallel, scenario.cluster
     if par is None:  # a collective benchmark: only the cluster's switches matter
@@ -324,7 +328,7 @@ def comm_config_for(scenario, topology) -> CommConfig:
                       c.in_network_reduction, agg, servers)
 
 
-def server_nodes(scenario) -> int:
+def server_nodes(scenario: Scenario) -> int:
     """Extra nodes the topology needs for dedicated parameter servers (one NIC used each)."""
     par = scenario.parallel
     if par is not None and par.dp_algorithm == "parameter_server" and par.parameter_server_placement == "dedicated":

@@ -26,7 +26,7 @@ from sim.engine import algorithms as alg
 from sim.engine.job import Block
 from sim.errors import ScenarioError
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
-from sim.scenario.schema import Checkpointing
+from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
 from sim.training.step_work import (
     H2D_Bps,
     accumulate_block,
@@ -121,18 +121,27 @@ def _dur(blocks: tuple[Block, ...]) -> float:
     return sum(b.dur_s for b in blocks)
 
 
+def transformer_of(scenario: Scenario) -> TransformerModel:
+    """The scenario's model, which the planner's closed forms need to be a transformer."""
+    m = scenario.model
+    if not isinstance(m, TransformerModel):
+        raise ScenarioError(f"plan needs a transformer model, not {m.kind}", "model")
+    return m
+
+
 class Estimator:
     """Prices candidates of one scenario (a transformer model on a cluster) without simulating."""
 
-    def __init__(self, scenario):
-        if scenario.model.kind != "transformer":
-            raise ScenarioError(f"plan needs a transformer model, not {scenario.model.kind}", "model")
-        if getattr(scenario.model, "experts", None) is not None or scenario.parallel.cp > 1:
-            field = "model.experts" if getattr(scenario.model, "experts", None) is not None else "parallel.context"
+    def __init__(self, scenario: Scenario):
+        m = transformer_of(scenario)
+        par, tr = scenario.require_training()
+        if m.experts is not None or par.cp > 1:
+            field = "model.experts" if m.experts is not None else "parallel.context"
             raise ScenarioError("plan does not search mixture-of-experts or context-parallel layouts yet (its "
                                 "closed forms are dense, without context); simulate them with run or sweep", field)
         self.scenario = scenario
-        m, tr, par = scenario.model, scenario.training, scenario.parallel
+        # The scenario's sections, narrowed once (a transformer with parallel and training sections).
+        self.model, self.parallel, self.training = m, par, tr
         self.dims = m.to_dims()
         self.cost = cost_model_for(scenario)
         self.kernels = KERNEL_SETS[tr.kernels]
@@ -192,7 +201,7 @@ class Estimator:
     # ---- per-layer times (cached per tensor width, micro-batch, SP and checkpointing) ---------------
     def _layer_times(self, t: int, b: int, sp: bool, ckpt: str) -> _LayerTimes:
         d, dtype, cost, host, ks = self.dims, self.precision, self.cost, self.host_s, self.kernels
-        m = self.scenario.model
+        m = self.model
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
         group = self._tp_group(t)
@@ -232,7 +241,7 @@ class Estimator:
 
     # ---- memory ---------------------------------------------------------------------------------
     def _stage_layers(self, c: Candidate) -> list[int]:
-        given = stage_layers_for(self.scenario.parallel.stage_layers, c.pipeline, c.virtual_stages)
+        given = stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages)
         parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, given)
         return [
             sum(len(parts[k * c.pipeline + s]) for k in range(c.virtual_stages)) for s in range(c.pipeline)
@@ -334,14 +343,14 @@ class Estimator:
         if d.tied_embeddings and p > 1:
             emb_bytes = -(-d.vocab // t) * d.hidden * gb
             tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)
-        opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.scenario.training.optimizer,
+        opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.training.optimizer,
                                        params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb)
         mp_group = lay.mp_group(0)
         tail += opt.dur_s
-        if self.scenario.training.loss_scaling.kind != "none":
+        if self.training.loss_scaling.kind != "none":
             _, unscale = optimizer_block(self.cost, self.scenario_for(c), held)
             tail += (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
-        if self.scenario.training.grad_clip is not None:
+        if self.training.grad_clip is not None:
             tail += clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
             if c.zero >= 1:
                 tail += self.collective_s("all_reduce", "dp", dp_group, 4.0)
@@ -391,11 +400,11 @@ class Estimator:
         return st["weights"] + st["gradients"] + st["optimizer"]
 
     # ---- exact memory, from the builder the simulation uses ----------------------------------------
-    def scenario_for(self, c: Candidate):
+    def scenario_for(self, c: Candidate) -> Scenario:
         """The base scenario with ``c``'s layout, unvalidated (for ``build_job``; the planner validates the
         candidates it simulates)."""
         sc = self.scenario
-        par = sc.parallel.model_copy(
+        par = self.parallel.model_copy(
             update={
                 "data": c.data,
                 "tensor": c.tensor,
@@ -404,10 +413,10 @@ class Estimator:
                 "virtual_stages": c.virtual_stages,
                 "zero": c.zero,
                 "sequence_parallel": c.sequence_parallel,
-                "stage_layers": stage_layers_for(sc.parallel.stage_layers, c.pipeline, c.virtual_stages),
+                "stage_layers": stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages),
             }
         )
-        tr = sc.training.model_copy(
+        tr = self.training.model_copy(
             update={"micro_batch": c.micro_batch,
                     "checkpointing": Checkpointing.model_validate({"kind": c.checkpointing})}
         )

@@ -82,13 +82,13 @@ def winner_screened(result: PlanResult) -> Screened | None:
 
 def _tensor(result: PlanResult, win: Screened) -> str:
     c, e = win.candidate, win.estimate
-    sc = result.estimators[win.gpus].scenario
-    cl = sc.cluster
+    est = result.estimators[win.gpus]
+    cl = est.scenario.cluster
     if c.tensor == 1:
         why = "TP 1: no tensor-parallel collectives on the critical path; each GPU holds whole layers"
     else:
         kind = "all-gathers/reduce-scatters" if c.sequence_parallel else "all-reduces"
-        size_mb = c.micro_batch * sc.model.seq_len * sc.model.hidden * 2 / 1e6
+        size_mb = c.micro_batch * est.model.seq_len * est.model.hidden * 2 / 1e6
         where = (
             f"on {cl.intra_node.name} inside a node ({cl.intra_node.bandwidth_Bps / GB:.0f} GB/s, vs "
             f"{cl.inter_node.bandwidth_Bps / GB:.0f} GB/s per {cl.inter_node.name} NIC)"
@@ -110,7 +110,7 @@ def _pipeline(result: PlanResult, win: Screened, m: int) -> str:
     need = math.ceil(states / cap)
     why = (
         f"PP {c.pipeline}: the model's {states / GB:,.0f} GB of weights, gradients and "
-        f"{sc.training.optimizer} "
+        f"{est.training.optimizer} "
         f"states ({est.params_total() / 1e9:.1f} B parameters) need ≥ {plural(need, 'GPU')} of "
         f"{cap / GB:.0f} GB without ZeRO; a replica of tensor × pipeline = "
         f"{plural(c.tensor * c.pipeline, 'GPU')}"
@@ -201,7 +201,7 @@ def explain(result: PlanResult) -> list[str]:
     c = win.candidate
     est = result.estimators[win.gpus]
     sc = est.scenario
-    batch = sc.training.global_batch
+    batch = est.training.global_batch
     m = batch // (c.data * c.micro_batch)
     lines = [
         f"layout: data {c.data} × tensor {c.tensor} × pipeline {c.pipeline} on {win.gpus} {sc.gpu.name} "
@@ -223,7 +223,7 @@ def explain(result: PlanResult) -> list[str]:
         lines.append(
             memory_choice(est, c, "sequence_parallel", (False, True), SP_WHAT, "sequence parallelism")
         )
-    lines.append(f"precision {sc.training.precision}: kept as given (the planner does not change numerics)")
+    lines.append(f"precision {est.training.precision}: kept as given (the planner does not change numerics)")
     w, given = result.winner, result.given
     assert w is not None
     if given and given.get("tokens_per_s") and w.get("tokens_per_s"):

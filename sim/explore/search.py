@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.errors import ScenarioError
-from sim.explore.estimate import Candidate, Estimate, Estimator
+from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
 from sim.scenario.schema import Scenario
 
 OBJECTIVES = ("throughput", "cost", "time-to-train")
@@ -132,9 +132,9 @@ def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop) ->
     return out
 
 
-def candidate_of(scenario) -> Candidate | None:
+def candidate_of(scenario: Scenario) -> Candidate | None:
     """The base scenario's own layout as a candidate, when the search space can express it."""
-    par, tr = scenario.parallel, scenario.training
+    par, tr = scenario.require_training()
     if par.schedule not in SCHEDULES or tr.checkpointing.every != 1:
         return None
     return Candidate(
@@ -151,8 +151,8 @@ def candidate_of(scenario) -> Candidate | None:
 
 
 # ---- objective ------------------------------------------------------------------------------------
-def _steps_total(scenario, tokens_per_step: float) -> float | None:
-    tr = scenario.training
+def _steps_total(scenario: Scenario, tokens_per_step: float) -> float | None:
+    _, tr = scenario.require_training()
     if tr.train_steps:
         return float(tr.train_steps)
     if tr.tokens:
@@ -160,9 +160,10 @@ def _steps_total(scenario, tokens_per_step: float) -> float | None:
     return None
 
 
-def score_of(objective: str, scenario, gpus: int, step_time_s: float) -> float:
+def score_of(objective: str, scenario: Scenario, gpus: int, step_time_s: float) -> float:
     """Lower is better: −tokens/s, $ per 1M tokens, or seconds to train."""
-    tokens_per_step = scenario.training.global_batch * scenario.model.seq_len
+    _, tr = scenario.require_training()
+    tokens_per_step = tr.global_batch * transformer_of(scenario).seq_len
     if objective == "throughput":
         return -tokens_per_step / step_time_s
     if objective == "cost":

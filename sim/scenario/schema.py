@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from sim.errors import ScenarioError
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.links import LinkSpec
 from sim.scenario.base import (
@@ -215,6 +216,16 @@ class Scenario(_Strict):
         if self.training is None or self.parallel is None:
             return 0
         return self.training.global_batch // (self.parallel.data * self.training.micro_batch)
+
+    def require_training(self) -> tuple[Parallel, Training]:
+        """The parallel and training sections of a training scenario (every model kind but collective:
+        the schema's rules require both, so this only narrows their types; it raises on a collective)."""
+        if self.parallel is None or self.training is None:
+            missing = "parallel" if self.parallel is None else "training"
+            raise ScenarioError(
+                f"a {self.model.kind} model has no {missing} section (a training step needs one)", missing
+            )
+        return self.parallel, self.training
 
     def resolved(self) -> dict[str, Any]:
         """Presets expanded, defaults filled: validates back to an equal Scenario."""

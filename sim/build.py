@@ -23,7 +23,7 @@ from sim.scenario.schema import LayersModel, Scenario, SyntheticModel, Transform
 from sim.training import step_work as sw
 from sim.training.loss_scale import LossScaleConfig
 from sim.training.loss_scale import simulate as simulate_loss_scale
-from sim.units import DTYPE_BYTES
+from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS
@@ -193,7 +193,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
     ck = tr.checkpointing
     ks = KERNEL_SETS[tr.kernels]
-    act_dtype = "bf16" if dtype == "fp8" else dtype
+    act_dtype = storage_dtype(dtype)
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = sw.main_grad_bytes(dtype, ks)
     moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
@@ -364,7 +364,7 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, (par, tr) = scenario.model, scenario.require_training()
     assert isinstance(m, LayersModel), "build_job sends only layers models here"
     b, dtype = tr.micro_batch, tr.precision
-    gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
+    gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES[storage_dtype(dtype)]
     specs = m.to_layers()
     parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []

@@ -11,11 +11,9 @@ from dataclasses import asdict, dataclass
 
 from sim.errors import ScenarioError
 from sim.schedules.actions import max_in_flight, stage_actions
-from sim.units import DTYPE_BYTES, GB
+from sim.units import DTYPE_BYTES, FULL_PRECISIONS, GB, MIXED_PRECISIONS
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
-MIXED_PRECISIONS = ("fp16", "bf16", "fp8")
-FULL_PRECISIONS = ("fp32", "tf32")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 CHECKPOINTING = CHECKPOINTING_KINDS
 

@@ -14,6 +14,17 @@ TFLOPS = 1e12
 
 # Bytes per element of each precision name used in scenarios.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# Mixed-precision training: 16- or 8-bit compute with fp32 master weights (and, for bf16/fp8 in Megatron,
+# fp32 gradient accumulation).
+MIXED_PRECISIONS = ("fp16", "bf16", "fp8")
+FULL_PRECISIONS = ("fp32", "tf32")
+PRECISIONS = FULL_PRECISIONS + MIXED_PRECISIONS  # training.precision's values (the keys of DTYPE_BYTES)
+
+
+def storage_dtype(precision: str) -> str:
+    """Precision that activations, weights and elementwise kernels are kept in: fp8 training (Transformer
+    Engine) casts only GEMM inputs to fp8 and keeps everything else in bf16."""
+    return "bf16" if precision == "fp8" else precision
 
 
 def format_seconds(seconds: float) -> str:

@@ -38,7 +38,7 @@ from sim.training.step_work import (
     optimizer_block,
     weight_blocks,
 )
-from sim.units import DTYPE_BYTES
+from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
 from sim.workload.kernels import KERNEL_SETS
 from sim.workload.ops import elementwise
@@ -150,7 +150,7 @@ class Estimator:
         self.gpus_per_node = c.gpus_per_node
         self.nodes = c.nodes
         self.precision = tr.precision
-        self.ebytes = DTYPE_BYTES["bf16" if self.precision == "fp8" else self.precision]
+        self.ebytes = DTYPE_BYTES[storage_dtype(self.precision)]
         self.gbytes = main_grad_bytes(self.precision, self.kernels)  # fp32 main grads with Megatron + bf16
         self.global_batch = tr.global_batch
         self.optimizer = "sgd" if tr.optimizer == "sgd" else "adam"
@@ -290,7 +290,7 @@ class Estimator:
         layers = self._stage_layers(c)
         stage_t = [n * per_layer for n in layers]
         tokens_bytes = 2 * b * d.seq_len * 8  # int64 tokens and labels, as sim.build loads them
-        act_dtype = "bf16" if self.precision == "fp8" else self.precision
+        act_dtype = storage_dtype(self.precision)
         stage_t[0] += lt.emb + tokens_bytes / H2D_Bps + self.cost.op_time_s(elementwise("h2d", 0.0, act_dtype))
         stage_t[-1] += lt.head
         # Pipeline send/recv of one micro-batch's activation between stage peers (t·dp ranks apart).

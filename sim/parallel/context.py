@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from sim.units import DTYPE_BYTES
+from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
 from sim.workload.ops import ATTENTION, Op
 
@@ -38,7 +38,7 @@ def local_dims(d: tf.TransformerDims, cp: int) -> tf.TransformerDims:
 
 def kv_block_bytes(d: tf.TransformerDims, *, micro_batch: int, tp: int, cp: int, dtype: str) -> float:
     """K and V of one GPU's s/cp tokens (its TP share of the KV heads): one ring step's forward transfer."""
-    e = DTYPE_BYTES["bf16" if dtype == "fp8" else dtype]
+    e = DTYPE_BYTES[storage_dtype(dtype)]
     return micro_batch * (d.seq_len // cp) * 2 * (d.kv_dim // tp) * e
 
 

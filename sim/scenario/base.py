@@ -17,8 +17,8 @@ from sim.engine.collective_algorithms import (  # noqa: F401  (re-exported to th
     COLLECTIVE_ALGORITHMS,
     DP_ALGORITHMS,
 )
+from sim.units import PRECISIONS  # noqa: F401  (re-exported to the scenario sections)
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 COLLECTIVE_OPS = (
     "all_reduce",
     "reduce",

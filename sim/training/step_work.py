@@ -101,7 +101,7 @@ def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -
 def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
     fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
-    if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):
+    if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):  # fp16 keeps fp16 grads (loss scaling)
         return 4
     return grad_elem_bytes(precision)
 

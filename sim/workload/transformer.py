@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from sim.errors import ScenarioError
-from sim.units import DTYPE_BYTES
+from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload.attention import (  # is_attention_core: re-exported for build and the plan screen
     flash_attention_op,
     is_attention_core,  # noqa: F401
@@ -222,7 +222,7 @@ def _check_parallel(
 
 def _act_dtype(dtype: str) -> str:
     """Precision of activations, attention and elementwise kernels (fp8 keeps them in bf16)."""
-    return "bf16" if dtype == "fp8" else dtype
+    return storage_dtype(dtype)
 
 
 def _collectives(tp: int, sp: bool) -> tuple[str | None, str | None]:

@@ -15,7 +15,6 @@ from sim.units import DTYPE_BYTES, FULL_PRECISIONS, GB, MIXED_PRECISIONS
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-CHECKPOINTING = CHECKPOINTING_KINDS
 
 _FP32 = 4
 _HALF = 2
@@ -85,9 +84,9 @@ def activation_bytes_per_layer(
     The table counts 16-bit activations (and 1-byte dropout masks) with MHA, ffn = 4h and unfused
     attention; the result is scaled by bytes_per_elem / 2.
     """
-    if checkpointing not in CHECKPOINTING:
+    if checkpointing not in CHECKPOINTING_KINDS:
         raise ScenarioError(
-            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING)}", field="training.checkpointing"
+            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING_KINDS)}", field="training.checkpointing"
         )
     s, b, h, a, t = seq, micro_batch, hidden, heads, tp
     sbh = s * b * h
@@ -122,9 +121,9 @@ def activation_bytes_per_stage(
     Backward then recomputes one segment of one micro-batch at a time, adding k·per_layer_bytes
     (include_recompute=False drops this, giving the seeds' figure).
     """
-    if checkpointing not in CHECKPOINTING:
+    if checkpointing not in CHECKPOINTING_KINDS:
         raise ScenarioError(
-            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING)}", field="training.checkpointing"
+            f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING_KINDS)}", field="training.checkpointing"
         )
     if checkpointing != "full":
         return layers_on_stage * per_layer_bytes * in_flight_microbatches

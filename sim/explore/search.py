@@ -18,11 +18,15 @@ from typing import Any
 from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
 from sim.scenario.schema import Scenario
+from sim.workload.transformer import CHECKPOINTING_KINDS
 
 OBJECTIVES = ("throughput", "cost", "time-to-train")
+# The search space: the schedules the screen has closed forms for (the zero-bubble ones are left to the user),
+# chunk counts for the interleaved one, and every checkpointing kind.
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = CHECKPOINTING_KINDS
+
 
 @dataclass
 class Screened:

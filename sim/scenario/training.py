@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.memory import OPTIMIZERS
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
 from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 from sim.workload.transformer import CHECKPOINTING_KINDS
@@ -102,7 +103,7 @@ class Training(_Strict):
     precision: Literal[PRECISIONS] = Field("bf16", description="compute dtype")  # type: ignore[valid-type]
     loss_scaling: LossScaling = Field(LossScaling(), description="none | static | dynamic, or a mapping")
     checkpointing: Checkpointing = Field(Checkpointing(), description="none | full | selective | {every: k}")
-    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+    optimizer: Literal[OPTIMIZERS] = Field(  # type: ignore[valid-type]
         "adam", description="optimizer (sets optimizer-state memory)"
     )
     gradient_compression: Compression | None = Field(None, description="null, or {kind: topk, ratio}")

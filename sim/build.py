@@ -248,8 +248,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     head = tf.head_ops(dl, **kw)
     emb_params = tf.embedding_params(d) / t
     vsn = par.pipeline * par.virtual_stages
-    # Tied embeddings: with pipelining the last stage keeps its own copy (Megatron syncs the two).
-    head_params = emb_params if (not d.tied_embeddings or vsn > 1) else 0.0
+    head_params = tf.head_params(d, emb_params, vsn)
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     activation = b * seq * m.hidden * ebytes
     # Between stages each TP rank sends 1/t of the activation when it is split already (sequence

@@ -372,7 +372,7 @@ class Estimator:
         d, t = self.dims, c.tensor
         layer_params = tf.layer_params(d) / t
         emb_params = tf.embedding_params(d) / t
-        head_params = emb_params if (not d.tied_embeddings or c.pipeline * c.virtual_stages > 1) else 0.0
+        head_params = tf.head_params(d, emb_params, c.pipeline * c.virtual_stages)
         layers = self._stage_layers(c)
         return [
             n * layer_params + (emb_params if s == 0 else 0) + (head_params if s == c.pipeline - 1 else 0)

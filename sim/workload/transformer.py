@@ -183,6 +183,13 @@ def embedding_params(d: TransformerDims) -> int:
     return params
 
 
+def head_params(d: TransformerDims, embedding_params_here: float, virtual_stages_total: int) -> float:
+    """Parameters the output projection adds on the last (virtual) stage, given the embedding's share of this
+    GPU: none when tied and on the same stage as the embedding; with pipelining the last stage keeps its own
+    copy of a tied embedding (Megatron all-reduces the two copies' gradients)."""
+    return embedding_params_here if (not d.tied_embeddings or virtual_stages_total > 1) else 0.0
+
+
 def model_params(d: TransformerDims, tied_embeddings: bool | None = None) -> int:
     """Whole model: layers, embeddings, final norm and (untied) output projection.
 

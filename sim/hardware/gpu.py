@@ -56,7 +56,12 @@ class GPUSpec(BaseModel):
 
     @property
     def comm_compute_slowdown(self) -> float:
-        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms)."""
+        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms).
+
+        Cross-check: 16/(108 − 16) = 17 % on an A100 and 14 % on an H100 (132 SMs), beside the 18.9 % average
+        compute slowdown under overlapped communication that Lee et al. measured on A100/H100 training runs
+        ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
+        arXiv:2507.03114, 2025; maximum 40 %)."""
         return self.comm_sms / max(1, self.sm_count - self.comm_sms)
 
 

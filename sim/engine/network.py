@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +43,9 @@ BINDING_TOL = 1e-9  # relative: a link whose flows' bottlenecks sum to within th
 # size), until no more than SPARSE_MAX_FLOWS are left.
 DENSE_MIN_FLOWS = 1024
 SPARSE_MAX_FLOWS = 128
+
+
+_BY_SEQ = attrgetter("seq")
 
 
 class TransferOwner(Protocol):
@@ -149,12 +153,12 @@ class Network:
         else:
             tr = _Transfer(len(routes), owner, tag)
             flows = [_Flow(links, size_bytes * frac, tr, None, 0) for links, frac in routes]
-        t = self.env.now + latency_s
+        env = self.env
+        t = env.now + latency_s
         lst = self._pending.get(t)
         if lst is None:
             self._pending[t] = flows
-            ev = self.env.timeout(latency_s)
-            ev.callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
+            env.timeout(latency_s).callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
         else:
             lst.extend(flows)
 
@@ -295,9 +299,9 @@ class Network:
         push = heapq.heappush
         for f in lone:  # just started (t0 = now), alone on every link that could bind
             r = f.rate = f.top
-            f.ver += 1
-            f.finish = now + f.rem / r if r > 0 else math.inf
-            push(heap, (f.finish, f.seq, f.ver, f))
+            ver = f.ver = f.ver + 1
+            finish = f.finish = now + f.rem / r if r > 0 else math.inf
+            push(heap, (finish, f.seq, ver, f))
         if comp:
             flows = sorted(comp.items())
             rates = component_rates([f.links for _, f in flows], self._cap, self.capacity_Bps)
@@ -306,9 +310,9 @@ class Network:
                     f.rem -= f.rate * (now - f.t0)
                     f.t0 = now
                 f.rate = r
-                f.ver += 1
-                f.finish = now + f.rem / r if r > 0 else math.inf
-                push(heap, (f.finish, f.seq, f.ver, f))
+                ver = f.ver = f.ver + 1
+                finish = f.finish = now + f.rem / r if r > 0 else math.inf
+                push(heap, (finish, f.seq, ver, f))
         self.rate_updates += 1
         while heap and (heap[0][3].seq < 0 or heap[0][2] != heap[0][3].ver):
             heapq.heappop(heap)
@@ -351,7 +355,7 @@ class Network:
             else:
                 break
         if len(finished) > 1:
-            finished.sort(key=lambda f: f.seq)
+            finished.sort(key=_BY_SEQ)
         on, bound, bn, bind_at = self._on, self._bound, self._bn, self._bind_at
         lb, seeds = self._link_bytes, self._seed_links
         for f in finished:

@@ -148,19 +148,17 @@ class Network:
             ev = self.env.timeout(latency_s)
             ev.callbacks.append(lambda _e: owner.transfer_done(tag))
             return
-        if len(routes) == 1:
-            flows = [_Flow(routes[0][0], size_bytes, None, owner, tag)]
-        else:
-            tr = _Transfer(len(routes), owner, tag)
-            flows = [_Flow(links, size_bytes * frac, tr, None, 0) for links, frac in routes]
         env = self.env
         t = env.now + latency_s
-        lst = self._pending.get(t)
-        if lst is None:
-            self._pending[t] = flows
+        flows = self._pending.get(t)
+        if flows is None:
+            flows = self._pending[t] = []
             env.timeout(latency_s).callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
+        if len(routes) == 1:
+            flows.append(_Flow(routes[0][0], size_bytes, None, owner, tag))
         else:
-            lst.extend(flows)
+            tr = _Transfer(len(routes), owner, tag)
+            flows.extend(_Flow(links, size_bytes * frac, tr, None, 0) for links, frac in routes)
 
     def transfer_event(
         self, routes: list[tuple[tuple[int, ...], float]], size_bytes: float, latency_s: float
@@ -342,15 +340,15 @@ class Network:
         # A flow is done when it was due now, or when what is left would take under a picosecond or a
         # few ticks of the clock at this time (float residue).
         tick_s = max(1e-12, 4.0 * math.ulp(now))
-        heap, due = self._heap, self._wake_at
+        heap, due, pop = self._heap, self._wake_at, heapq.heappop
         finished: list[_Flow] = []
         while heap:
             finish, _, ver, f = heap[0]
             if f.seq < 0 or ver != f.ver:
-                heapq.heappop(heap)
+                pop(heap)
                 continue
             if finish <= due or f.rem - f.rate * (now - f.t0) <= f.rate * tick_s + 1e-9:
-                heapq.heappop(heap)
+                pop(heap)
                 finished.append(f)
             else:
                 break

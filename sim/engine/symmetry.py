@@ -63,16 +63,18 @@ class Symmetry:
         for i, x in enumerate(group):
             by.setdefault(topo.node_of(x), []).append(i)
         pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        node = [topo.node_of(x) for x in members]
         for ia, ib in pairs:
             a, b = members[ia], members[ib]
             if a == b:
                 continue
-            na, nb = topo.node_of(a), topo.node_of(b)
+            na, nb = node[ia], node[ib]
             if na == nb:
-                routes.append(topo.route(a, b).links)
+                routes.append(topo.route_links(a, b))
             else:
+                nics_a, nics_b = nics[na], nics[nb]
                 for c in range(channels):
-                    routes.append(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
+                    routes.append(topo.route_links(a, b, nics_a[c % len(nics_a)], nics_b[c % len(nics_b)]))
         return routes
 
     def _binding_links(self) -> set[int]:
@@ -93,7 +95,7 @@ class Symmetry:
                         routes.extend(self._group_routes(grp))
                 for s2 in (stage - 1, stage + 1):
                     if 0 <= s2 < self.pp:
-                        routes.append(topo.route(x, lay.stage_peer(x, s2)).links)
+                        routes.append(topo.route_links(x, lay.stage_peer(x, s2)))
         demand: dict[int, float] = {}
         for r in routes:
             top = min(cap[link] for link in r)

@@ -105,15 +105,19 @@ class Topology:
     # ---- routing ---------------------------------------------------------------------------------
     def route(self, src: int, dst: int, nic_src: int | None = None, nic_dst: int | None = None) -> Route:
         """Links crossed from GPU ``src`` to GPU ``dst``; NICs default to the GPUs' own first NIC."""
+        inter = self.node_of(src) != self.node_of(dst)
+        return Route(self.route_links(src, dst, nic_src, nic_dst),
+                     self.inter_latency_s if inter else self.intra_latency_s, inter)
+
+    def route_links(self, src: int, dst: int, nic_src: int | None = None, nic_dst: int | None = None
+                    ) -> tuple[int, ...]:
+        """The links of ``route(src, dst, nic_src, nic_dst)`` (without building the Route)."""
         na, nb = self.node_of(src), self.node_of(dst)
         if na == nb:
-            return Route((self.gpu_up[src], self.gpu_down[dst]), self.intra_latency_s, False)
+            return (self.gpu_up[src], self.gpu_down[dst])
         ia = self.nics_of(src)[0] if nic_src is None else nic_src
         ib = self.nics_of(dst)[0] if nic_dst is None else nic_dst
         la, lb = na // self.nodes_per_leaf, nb // self.nodes_per_leaf
-        links: tuple[int, ...]
         if la == lb or self.leaves == 1:
-            links = (self.nic_up[na][ia], self.nic_down[nb][ib])
-        else:
-            links = (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])
-        return Route(links, self.inter_latency_s, True)
+            return (self.nic_up[na][ia], self.nic_down[nb][ib])
+        return (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])

@@ -230,13 +230,14 @@ class RingRun(CollectiveRun):
         busy[i] -= 1
         recvd[j] += 1
         steps = self._steps
+        # _try only when the rank has the data for its next send (most completions find it has not yet)
         if sent[i] == steps and recvd[i] == steps and not busy[i]:
             self._rank_done(i)
-        elif sent[i] < steps:
+        elif sent[i] < steps and recvd[i] >= sent[i]:
             self._try(i)
         if recvd[j] == steps and sent[j] == steps and not busy[j]:
             self._rank_done(j)
-        else:
+        elif recvd[j] >= sent[j]:
             self._try(j)
 
 

@@ -191,13 +191,17 @@ class RingRun(CollectiveRun):
         super().__init__(world, gpus, channels, spec.n, spec.n * spec.chunk_bytes, protocol, launch_s)
         self.spec = spec
         p = len(gpus)
+        self._steps = spec.steps
+        self._wire_bytes = spec.chunk_bytes * self._wire  # what each send puts on the wire
+        self._next = [(i + 1) % p for i in range(p)]
+        self._hop: list[tuple[list, float] | None] = [None] * p  # rank i's routes to i+1, and latency
         self._sent = [0] * p
         self._recvd = [0] * p
         self._busy = [0] * p  # sends in flight
 
     def _on_join(self, i: int) -> None:
         p = self.p
-        if p < 2 or self.spec.steps == 0:
+        if p < 2 or self._steps == 0:
             self._rank_done(i)
             return
         self._try(i)
@@ -205,30 +209,35 @@ class RingRun(CollectiveRun):
 
     def _try(self, i: int) -> None:
         k = self._sent[i]
+        j = self._next[i]
         if (
             self._busy[i] < self.SLOTS
-            and k < self.spec.steps
+            and k < self._steps
             and self.joined[i]
             and self._recvd[i] >= k
-            and self.joined[(i + 1) % self.p]
+            and self.joined[j]
         ):
             self._busy[i] += 1
             self._sent[i] = k + 1
-            self._send(i, (i + 1) % self.p, self.spec.chunk_bytes, i)
+            hop = self._hop[i]
+            if hop is None:
+                hop = self._hop[i] = self._route(i, j)
+            self.world.network.transfer(hop[0], self._wire_bytes, hop[1], self, i)
 
     def transfer_done(self, i: int) -> None:
-        p = self.p
-        j = (i + 1) % p
-        self._busy[i] -= 1
-        self._recvd[j] += 1
-        steps = self.spec.steps
-        if self._sent[i] == steps and self._recvd[i] == steps and not self._busy[i]:
+        j = self._next[i]
+        sent, recvd, busy = self._sent, self._recvd, self._busy
+        busy[i] -= 1
+        recvd[j] += 1
+        steps = self._steps
+        # _try only when the rank has the data for its next send (most completions find it has not yet)
+        if sent[i] == steps and recvd[i] == steps and not busy[i]:
             self._rank_done(i)
-        elif self._sent[i] < steps:
+        elif sent[i] < steps and recvd[i] >= sent[i]:
             self._try(i)
-        if self._recvd[j] == steps and self._sent[j] == steps and not self._busy[j]:
+        if recvd[j] == steps and sent[j] == steps and not busy[j]:
             self._rank_done(j)
-        else:
+        elif recvd[j] >= sent[j]:
             self._try(j)
 
 

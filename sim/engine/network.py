@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +43,9 @@ BINDING_TOL = 1e-9  # relative: a link whose flows' bottlenecks sum to within th
 # size), until no more than SPARSE_MAX_FLOWS are left.
 DENSE_MIN_FLOWS = 1024
 SPARSE_MAX_FLOWS = 128
+
+
+_BY_SEQ = attrgetter("seq")
 
 
 class TransferOwner(Protocol):
@@ -144,19 +148,17 @@ class Network:
             ev = self.env.timeout(latency_s)
             ev.callbacks.append(lambda _e: owner.transfer_done(tag))
             return
+        env = self.env
+        t = env.now + latency_s
+        flows = self._pending.get(t)
+        if flows is None:
+            flows = self._pending[t] = []
+            env.timeout(latency_s).callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
         if len(routes) == 1:
-            flows = [_Flow(routes[0][0], size_bytes, None, owner, tag)]
+            flows.append(_Flow(routes[0][0], size_bytes, None, owner, tag))
         else:
             tr = _Transfer(len(routes), owner, tag)
-            flows = [_Flow(links, size_bytes * frac, tr, None, 0) for links, frac in routes]
-        t = self.env.now + latency_s
-        lst = self._pending.get(t)
-        if lst is None:
-            self._pending[t] = flows
-            ev = self.env.timeout(latency_s)
-            ev.callbacks.append(lambda _e, at=t: self._activate(at))  # type: ignore[misc]
-        else:
-            lst.extend(flows)
+            flows.extend(_Flow(links, size_bytes * frac, tr, None, 0) for links, frac in routes)
 
     def transfer_event(
         self, routes: list[tuple[tuple[int, ...], float]], size_bytes: float, latency_s: float
@@ -295,9 +297,9 @@ class Network:
         push = heapq.heappush
         for f in lone:  # just started (t0 = now), alone on every link that could bind
             r = f.rate = f.top
-            f.ver += 1
-            f.finish = now + f.rem / r if r > 0 else math.inf
-            push(heap, (f.finish, f.seq, f.ver, f))
+            ver = f.ver = f.ver + 1
+            finish = f.finish = now + f.rem / r if r > 0 else math.inf
+            push(heap, (finish, f.seq, ver, f))
         if comp:
             flows = sorted(comp.items())
             rates = component_rates([f.links for _, f in flows], self._cap, self.capacity_Bps)
@@ -306,9 +308,9 @@ class Network:
                     f.rem -= f.rate * (now - f.t0)
                     f.t0 = now
                 f.rate = r
-                f.ver += 1
-                f.finish = now + f.rem / r if r > 0 else math.inf
-                push(heap, (f.finish, f.seq, f.ver, f))
+                ver = f.ver = f.ver + 1
+                finish = f.finish = now + f.rem / r if r > 0 else math.inf
+                push(heap, (finish, f.seq, ver, f))
         self.rate_updates += 1
         while heap and (heap[0][3].seq < 0 or heap[0][2] != heap[0][3].ver):
             heapq.heappop(heap)
@@ -338,20 +340,20 @@ class Network:
         # A flow is done when it was due now, or when what is left would take under a picosecond or a
         # few ticks of the clock at this time (float residue).
         tick_s = max(1e-12, 4.0 * math.ulp(now))
-        heap, due = self._heap, self._wake_at
+        heap, due, pop = self._heap, self._wake_at, heapq.heappop
         finished: list[_Flow] = []
         while heap:
             finish, _, ver, f = heap[0]
             if f.seq < 0 or ver != f.ver:
-                heapq.heappop(heap)
+                pop(heap)
                 continue
             if finish <= due or f.rem - f.rate * (now - f.t0) <= f.rate * tick_s + 1e-9:
-                heapq.heappop(heap)
+                pop(heap)
                 finished.append(f)
             else:
                 break
         if len(finished) > 1:
-            finished.sort(key=lambda f: f.seq)
+            finished.sort(key=_BY_SEQ)
         on, bound, bn, bind_at = self._on, self._bound, self._bn, self._bind_at
         lb, seeds = self._link_bytes, self._seed_links
         for f in finished:

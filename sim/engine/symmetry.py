@@ -35,6 +35,9 @@ class Symmetry:
         # test_training_sim.py), 2e-4 of the step on the 175B plan winner, for 15x less simulation.
         self.ring_only = ring_only or set()
         self._link_cache: dict[tuple, set[int]] = {}
+        self._route_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._stage_cache: dict[int, list[int]] = {}
         self._mirrors: dict[tuple, list] = {}
         self.binding: set[int] = self._binding_links() if symmetric else set()
         self.cacheable: set[str] = self._cacheable_kinds()
@@ -42,7 +45,14 @@ class Symmetry:
     def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
         """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
         neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
-        symmetry analysis exact)."""
+        symmetry analysis exact). Computed once per group."""
+        key = tuple(group)
+        routes = self._route_cache.get(key)
+        if routes is None:
+            routes = self._route_cache[key] = self._find_group_routes(group)
+        return routes
+
+    def _find_group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
         topo = self.topology
         servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
         members = group + servers
@@ -53,16 +63,18 @@ class Symmetry:
         for i, x in enumerate(group):
             by.setdefault(topo.node_of(x), []).append(i)
         pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        node = [topo.node_of(x) for x in members]
         for ia, ib in pairs:
             a, b = members[ia], members[ib]
             if a == b:
                 continue
-            na, nb = topo.node_of(a), topo.node_of(b)
+            na, nb = node[ia], node[ib]
             if na == nb:
-                routes.append(topo.route(a, b).links)
+                routes.append(topo.route_links(a, b))
             else:
+                nics_a, nics_b = nics[na], nics[nb]
                 for c in range(channels):
-                    routes.append(topo.route(a, b, nics[na][c % len(nics[na])], nics[nb][c % len(nics[nb])]).links)
+                    routes.append(topo.route_links(a, b, nics_a[c % len(nics_a)], nics_b[c % len(nics_b)]))
         return routes
 
     def _binding_links(self) -> set[int]:
@@ -70,20 +82,22 @@ class Symmetry:
         (route bottlenecks) of every flow that could ever cross them. Sharing any other link changes
         nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine)."""
         lay, topo = self.layout, self.topology
-        cap = topo.capacity_Bps
-        flows: set[tuple] = set()  # (owner, route): each potential flow once
+        cap: list[float] = topo.capacity_Bps.tolist()
+        routes: list[tuple[int, ...]] = []  # the route of every potential flow, each flow once
+        groups: set[tuple] = set()  # (kind, group) whose flows are in
         for g in self.gpus:
             stage = lay.coords(g)[2]
             for x in [g, *self.same_place(g)]:
                 for kind in ("tp", "dp", "ep", "edp", "cp"):
                     grp = self.group(x, kind)
-                    if len(grp) > 1:
-                        flows.update(((kind, tuple(grp), i), r) for i, r in enumerate(self._group_routes(grp)))
+                    if len(grp) > 1 and (kind, tuple(grp)) not in groups:
+                        groups.add((kind, tuple(grp)))
+                        routes.extend(self._group_routes(grp))
                 for s2 in (stage - 1, stage + 1):
                     if 0 <= s2 < self.pp:
-                        flows.add((("pp", x, s2), topo.route(x, lay.stage_peer(x, s2)).links))
+                        routes.append(topo.route_links(x, lay.stage_peer(x, s2)))
         demand: dict[int, float] = {}
-        for _, r in flows:
+        for r in routes:
             top = min(cap[link] for link in r)
             for link in r:
                 demand[link] = demand.get(link, 0.0) + top
@@ -123,6 +137,13 @@ class Symmetry:
         return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
 
     def group(self, g: int, kind: str) -> list[int]:
+        key = (g, kind)
+        grp = self._group_cache.get(key)
+        if grp is None:
+            grp = self._group_cache[key] = tuple(self._find_group(g, kind))
+        return list(grp)
+
+    def _find_group(self, g: int, kind: str) -> list[int]:
         lay = self.layout
         if kind == "emb":  # first and last pipeline stage of g's (data, tensor) coordinates
             d, t, _ = lay.coords(g)
@@ -171,16 +192,26 @@ class Symmetry:
                 rings = {"tp", "dp"} <= self.ring_only  # both rings: each is gated by its own mirrors
                 if kind in ("tp", "dp") and len(other) > 1 and not rings:
                     other_links = self._links_of(other)
-                    stage = self.layout.coords(g)[2]
-                    for x in range(self.layout.world_size):
-                        if x == g or self.layout.coords(x)[2] != stage:
+                    covered = set(mine)  # ranks whose group was looked at (groups of a kind partition the ranks)
+                    for x in self._stage_ranks(self.layout.coords(g)[2]):
+                        if x in covered:
                             continue
                         grp = self.group(x, kind)
+                        covered.update(grp)
                         if tuple(grp) not in seen and self._links_of(grp) & other_links:
                             seen.add(tuple(grp))
                             out.append(grp)
             self._mirrors[key] = out
         return out
+
+    def _stage_ranks(self, stage: int) -> list[int]:
+        """Every rank of pipeline stage ``stage``, in rank order."""
+        ranks = self._stage_cache.get(stage)
+        if ranks is None:
+            lay = self.layout
+            ranks = self._stage_cache[stage] = sorted(lay.rank(d, t, stage) for d in range(lay.dp)
+                                                      for t in range(lay.tp))
+        return ranks
 
     def p2p_mirrors(self, g: int, dst_stage: int) -> list[tuple[int, int]]:
         """Pipeline sends of g's mirrors that share a link with g's own send to ``dst_stage``."""

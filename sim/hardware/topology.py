@@ -108,12 +108,22 @@ class Topology:
         na, nb = self.node_of(src), self.node_of(dst)
         if na == nb:
             return Route((self.gpu_up[src], self.gpu_down[dst]), self.intra_latency_s, False)
+        return Route(self._inter_links(src, dst, na, nb, nic_src, nic_dst), self.inter_latency_s, True)
+
+    def route_links(self, src: int, dst: int, nic_src: int | None = None, nic_dst: int | None = None
+                    ) -> tuple[int, ...]:
+        """The links of ``route(src, dst, nic_src, nic_dst)`` (without building the Route)."""
+        na, nb = self.node_of(src), self.node_of(dst)
+        if na == nb:
+            return (self.gpu_up[src], self.gpu_down[dst])
+        return self._inter_links(src, dst, na, nb, nic_src, nic_dst)
+
+    def _inter_links(self, src: int, dst: int, na: int, nb: int, nic_src: int | None, nic_dst: int | None
+                     ) -> tuple[int, ...]:
+        """Links from GPU ``src`` on node ``na`` to GPU ``dst`` on another node ``nb``."""
         ia = self.nics_of(src)[0] if nic_src is None else nic_src
         ib = self.nics_of(dst)[0] if nic_dst is None else nic_dst
         la, lb = na // self.nodes_per_leaf, nb // self.nodes_per_leaf
-        links: tuple[int, ...]
         if la == lb or self.leaves == 1:
-            links = (self.nic_up[na][ia], self.nic_down[nb][ib])
-        else:
-            links = (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])
-        return Route(links, self.inter_latency_s, True)
+            return (self.nic_up[na][ia], self.nic_down[nb][ib])
+        return (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])

@@ -20,7 +20,9 @@ The Monte-Carlo models that exactly; the closed form adds it to first order in Î
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -118,24 +120,32 @@ def expected(plan: Plan) -> Outcome:
     return Outcome(wall, p.work_s / wall, failures, ckpt, restart_total, wall - p.work_s - ckpt - restart_total)
 
 
-def _one_run(rng: np.random.Generator, ends: np.ndarray, plan: Plan) -> tuple[float, int, float]:
-    """One sampled run: (wall time, failures, restart time). ``ends[j]`` = when segment j ends, counted
-    from the start of segment 0 in a failure-free run (segment = work + blocking checkpoint)."""
-    m, r, lag = plan.mtbf_s, plan.restart_s, plan.durable_lag_s
+def _exponentials(rng: np.random.Generator, scale: float, block: int = 4096) -> Iterator[float]:
+    """``rng.exponential(scale)`` draw after draw, taken from the generator a block at a time (the same
+    values in the same order: an array draw is the scalar draws in sequence)."""
+    while True:
+        yield from rng.exponential(scale, block).tolist()
+
+
+def _one_run(draw: Callable[[], float], ends: list[float], plan: Plan) -> tuple[float, int, float]:
+    """One sampled run: (wall time, failures, restart time). ``draw()``: the next time to failure (an
+    exponential of mean MTBF). ``ends[j]`` = when segment j ends, counted from the start of segment 0 in
+    a failure-free run (segment = work + blocking checkpoint)."""
+    r, lag = plan.restart_s, plan.durable_lag_s
     n = len(ends)
     t, done, failures, restarting = 0.0, 0, 0, 0.0
     base = 0.0
     while True:
-        x = rng.exponential(m)
+        x = draw()
         finish = ends[-1] - base + lag
         if x >= finish:
             return t + finish, failures, restarting
         # Checkpoints durable before the failure: segment j's by ends[j] - base + lag â‰¤ x.
-        done = max(done, min(n, int(np.searchsorted(ends, base + x - lag, side="right"))))
+        done = max(done, min(n, bisect.bisect_right(ends, base + x - lag)))
         t += x
         failures += 1
         while True:  # restart; a failure during it starts it over
-            y = rng.exponential(m)
+            y = draw()
             if y >= r:
                 t += r
                 restarting += r
@@ -152,8 +162,9 @@ def monte_carlo(plan: Plan, trials: int, seed: int) -> dict[str, float]:
     n, rest = segments(plan.work_s, plan.interval_s)
     works = [plan.interval_s] * n + ([rest] if rest > 0 else [])
     ends = np.cumsum(np.asarray(works) + plan.checkpoint_s)
-    rng = np.random.default_rng(seed)
-    runs = np.array([_one_run(rng, ends, plan) for _ in range(trials)])
+    draw = _exponentials(np.random.default_rng(seed), plan.mtbf_s).__next__
+    end_list: list[float] = ends.tolist()
+    runs = np.array([_one_run(draw, end_list, plan) for _ in range(trials)])
     wall, fails, restart = runs[:, 0], runs[:, 1], runs[:, 2]
     ckpt = plan.checkpoints * plan.checkpoint_s
     mean_wall = float(wall.mean())

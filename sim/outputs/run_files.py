@@ -112,8 +112,8 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
     bar = tqdm(total=len(steps), desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
                disable=None, leave=False)
     with bar:
-        from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
-
+        if charts:  # lazy: matplotlib (≈ 0.5 s to import) only when charts are drawn
+            from sim.outputs.charts import draw_all
         ctx = _fork_context() if charts and len(timeline.spans) >= PARALLEL_MIN_SPANS else None
         child = None
         # Balance the two processes: the child writes the text files and the charts this one leaves it:

@@ -378,6 +378,10 @@ class Network:
                 lb[link] += size
             f.seq = -2
         self._n_active -= len(finished)
+        self._finish(finished)
+
+    def _finish(self, finished: list) -> None:
+        """Count finished flows, ask for a re-solve, and tell each owner (a transfer whose last part ends)."""
         self.flow_events += len(finished)
         self._request_recompute()
         for f in finished:
@@ -506,13 +510,4 @@ class Network:
             for link in f.links:
                 lb[link] += f.size
             f.seq = -2
-        self.flow_events += len(finished)
-        self._request_recompute()
-        for f in finished:
-            tr = f.parent
-            if tr is None:
-                f.owner.transfer_done(f.tag)
-            else:
-                tr.parts -= 1
-                if tr.parts == 0:
-                    tr.owner.transfer_done(tr.tag)
+        self._finish(finished)

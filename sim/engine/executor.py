@@ -25,7 +25,7 @@ from sim.engine import collective_algorithms as coll
 from sim.engine.algorithms import CommConfig, choose, group_shape
 from sim.engine.collective_algorithms import COLLECTIVE_ALGORITHMS
 from sim.engine.job import Block, TrainingJob
-from sim.engine.symmetry import Symmetry
+from sim.engine.symmetry import KINDS, Symmetry
 from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -84,13 +84,12 @@ class TrainingExecutor:
         self._cache: dict[tuple, float] = {}
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
-        self.symmetry = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric,
-                                 ring_only=self._ring_only_kinds())
-        self._group = self.symmetry.group
-        self._same_place = self.symmetry.same_place
-        self._mirror_groups = self.symmetry.mirror_groups
-        self._p2p_mirrors = self.symmetry.p2p_mirrors
-        self._cacheable = self.symmetry.cacheable
+        sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds())
+        self._group = sym.group
+        self._same_place = sym.same_place
+        self._mirror_groups = sym.mirror_groups
+        self._p2p_mirrors = sym.p2p_mirrors
+        self._cacheable = sym.cacheable
         self.last_loss_scale: list[dict] = []
         # Compute/communication interference: overlapped collectives in flight per GPU, and the time
         # during which any was (cumulative, up to the mark where the current activity began).
@@ -181,7 +180,7 @@ class TrainingExecutor:
             self._cache[key] = self.env.now - t0
             return choice.label
         mine = world.run_collective_alone(factory(), members, None, proto, launch)
-        if kind in ("tp", "dp", "ep", "edp", "cp"):
+        if kind in KINDS:
             for mg in self._mirror_groups(g, kind):
                 world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
         yield mine.join_all()
@@ -334,8 +333,7 @@ class TrainingExecutor:
                                start + work, args)
                 else:
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
-            op, _, kind = (b.comm or "").partition("@")  # "op" runs on the TP group, "op@ep" on another
-            kind = kind or "tp"
+            op, kind = b.comm_op_kind
             if b.comm and b.comm_bytes > 0 and (self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1):
                 start = env.now
                 yield from self._collective(g, kind, op, b.comm_bytes)
@@ -476,9 +474,9 @@ class TrainingExecutor:
         gradient-norm all-reduce runs after the last backward, when no replica has TP traffic: left out."""
         job = self.job
         group = self.layout.tp_group(self.gpus[0])
-        tp = {(b.comm.partition("@")[0], b.comm_bytes) for c in job.chunks for lw in c.layers
+        tp = {(b.comm_op_kind[0], b.comm_bytes) for c in job.chunks for lw in c.layers
               for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
-              if b.comm and b.comm_bytes > 0 and b.comm.partition("@")[2] in ("", "tp")}
+              if b.comm and b.comm_bytes > 0 and b.comm_op_kind[1] == "tp"}
         tp_rings = len(group) == 1 or all(
             choose(op, "tp", size, self.world.topology, group, self.comm, self._choices).algorithm == "ring"
             for op, size in tp)

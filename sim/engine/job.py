@@ -23,6 +23,12 @@ class Block:
     flops: float = 0.0
     category: str | None = None  # span category; None: the caller's (forward, backward, …)
 
+    @property
+    def comm_op_kind(self) -> tuple[str, str]:
+        """``comm`` split into (collective op, group kind): "op" runs on the TP group, "op@ep" on another."""
+        op, _, kind = (self.comm or "").partition("@")
+        return op, kind or "tp"
+
 
 @dataclass(frozen=True)
 class LayerWork:

@@ -122,7 +122,6 @@ class Network:
         self._dense = False  # dense mode: the flows in the arrays below
         self._obj = np.empty(0, dtype=object)
         self._rem = np.zeros(0)
-        self._size = np.zeros(0)
         self._rate = np.zeros(0)
         self._el = np.zeros(0, dtype=np.int64)  # entry -> link id
         self._ef = np.zeros(0, dtype=np.int64)  # entry -> flow index
@@ -405,7 +404,6 @@ class Network:
         self._obj = np.empty(k, dtype=object)
         self._obj[:] = flows
         self._rem = np.fromiter((f.rem for f in flows), float, k)
-        self._size = np.fromiter((f.size for f in flows), float, k)
         self._rate = np.zeros(k)
         lens = np.fromiter((len(f.links) for f in flows), np.int64, k)
         self._el = np.fromiter((link for f in flows for link in f.links), np.int64, int(lens.sum()))
@@ -421,7 +419,6 @@ class Network:
         self._dense = True
         self._wake_pending = False
 
-
     def _to_sparse(self, now: float) -> None:
         """Back from the arrays to per-flow state and link tables, then solve them all."""
         flows: list[_Flow] = self._obj.tolist()
@@ -430,14 +427,13 @@ class Network:
             f.t0 = now
             f.rate = 0.0
         self._obj = np.empty(0, dtype=object)
-        self._rem = self._size = self._rate = np.zeros(0)
+        self._rem = self._rate = np.zeros(0)
         self._el = self._ef = np.zeros(0, dtype=np.int64)
         self._due = np.zeros(0, dtype=bool)
         self._dense = False
         self._version += 1  # the dense wake-up on the clock no longer applies
         self._register(flows)
         self._solve(now, flows)
-
 
     def _recompute_dense(self, now: float) -> None:
         dt = now - self._last_t
@@ -459,7 +455,6 @@ class Network:
             links = np.fromiter((link for f in new for link in f.links), np.int64, int(lens.sum()))
             self._obj = np.concatenate([self._obj, obj])
             self._rem = np.concatenate([self._rem, sizes])
-            self._size = np.concatenate([self._size, sizes])
             self._rate = np.concatenate([self._rate, np.zeros(k)])
             self._el = np.concatenate([self._el, links])
             self._ef = np.concatenate([self._ef, base + np.repeat(np.arange(k), lens)])
@@ -502,7 +497,6 @@ class Network:
         self._ef = renumber[self._ef[e_keep]]
         self._obj = self._obj[keep]
         self._rem = self._rem[keep]
-        self._size = self._size[keep]
         self._rate = self._rate[keep]
         self._due = self._due[keep]
         lb = self._link_bytes

@@ -10,11 +10,11 @@ duration depends on their shape only (``cacheable``: simulated once and reused, 
 
 from __future__ import annotations
 
-from sim.engine.algorithms import CommConfig, algorithm_pairs
+from sim.engine.algorithms import CommConfig, algorithm_pairs, group_shape
 from sim.hardware.topology import Topology
 from sim.parallel.layout import Layout
 
-KINDS = ("tp", "dp", "ep", "edp", "cp")
+KINDS = ("tp", "dp", "ep", "edp", "cp")  # the collective kinds whose groups have mirrors at a stage
 
 
 class Symmetry:
@@ -59,10 +59,8 @@ class Symmetry:
         nics = topo.group_nics(members)
         channels = max((len(v) for v in nics.values()), default=1)
         routes: list[tuple[int, ...]] = []
-        by: dict[int, list[int]] = {}
-        for i, x in enumerate(group):
-            by.setdefault(topo.node_of(x), []).append(i)
-        pairs = sorted(algorithm_pairs(len(group), list(by.values()), self.comm, len(servers)))
+        by_node = [list(r) for r in group_shape(topo, group).ranks_by_node]
+        pairs = sorted(algorithm_pairs(len(group), by_node, self.comm, len(servers)))
         node = [topo.node_of(x) for x in members]
         for ia, ib in pairs:
             a, b = members[ia], members[ib]
@@ -88,7 +86,7 @@ class Symmetry:
         for g in self.gpus:
             stage = lay.coords(g)[2]
             for x in [g, *self.same_place(g)]:
-                for kind in ("tp", "dp", "ep", "edp", "cp"):
+                for kind in KINDS:
                     grp = self.group(x, kind)
                     if len(grp) > 1 and (kind, tuple(grp)) not in groups:
                         groups.add((kind, tuple(grp)))
@@ -123,7 +121,7 @@ class Symmetry:
 
         for g in self.gpus:
             _, _, stage = lay.coords(g)
-            for kind in ("tp", "dp", "ep", "edp", "cp"):
+            for kind in KINDS:
                 grp = self.group(g, kind)
                 if len(grp) > 1:
                     use(self._links_of(grp), (kind, tuple(grp)))
@@ -134,7 +132,7 @@ class Symmetry:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self.p2p_mirrors(g, s2)]:
                         use(set(self.topology.route(a, b).links) & self.binding, ("pp", a))
         shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
-        return {k for k in ("tp", "dp", "ep", "edp", "cp") if k not in shared}
+        return {k for k in KINDS if k not in shared}
 
     def group(self, g: int, kind: str) -> list[int]:
         key = (g, kind)

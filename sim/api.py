@@ -131,8 +131,7 @@ def _collective(scenario: Scenario, world: World) -> RunResult:
 
 
 def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
-    tr, par = scenario.training, scenario.parallel
-    assert tr is not None and par is not None  # the schema requires both for training models
+    par, tr = scenario.require_training()
     job, info = build_job(scenario, cost)
     symmetric = _use_symmetry(scenario)
     ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.fixed_stragglers),
@@ -178,8 +177,7 @@ def _variability(scenario: Scenario, symmetric: bool) -> Variability | None:
     rs = c.random_stragglers
     if c.jitter is None and rs is None:
         return None
-    par = scenario.parallel
-    assert par is not None
+    par, _ = scenario.require_training()
     return Variability(seed=scenario.simulation.seed,
                        layout=Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp),
                        symmetric=symmetric, jitter_sigma=c.jitter.sigma if c.jitter else 0.0,
@@ -203,8 +201,7 @@ def _with_memory(summary: Summary, scenario: Scenario, info: JobInfo, timeline: 
     fits = mem.fits(worst["peak"], cap)
     over_bytes, fixes = None, None
     if not fits:
-        par, tr = scenario.parallel, scenario.training
-        assert par is not None and tr is not None
+        par, tr = scenario.require_training()
         layers = getattr(scenario.model, "layers", 0)
         n_layers = layers if isinstance(layers, int) else len(layers)
         b = mem.MemoryBreakdown(**{k: worst[k] for k in keys[:-1]})
@@ -220,8 +217,8 @@ def _with_cost(summary: Summary, scenario: Scenario) -> Summary:
     gpu = scenario.gpu
     n = scenario.total_gpus
     step = summary.step_time_s
-    tr = scenario.training
-    assert tr is not None and summary.tokens_per_s is not None
+    _, tr = scenario.require_training()
+    assert summary.tokens_per_s is not None
     per_step_usd = n * gpu.price_per_gpu_hour * step / 3600
     # Tokens only mean something for language models; other workloads count samples.
     tokens_per_step = summary.tokens_per_s * step if scenario.model.kind == "transformer" else 0.0
@@ -255,8 +252,7 @@ def write_results(result: RunResult, out_dir: Path, charts: bool = True, trace: 
 def bubble_sweep(scenario: Scenario, microbatches: list[int]) -> list[tuple[int, float]]:
     """Simulate ``scenario`` again with m micro-batches per replica for each m (changing the global
     batch) and return (m, simulated bubble fraction) points for the bubble-vs-m chart."""
-    par, tr = scenario.parallel, scenario.training
-    assert par is not None and tr is not None
+    par, tr = scenario.require_training()
     points = []
     for m in microbatches:
         d = scenario.resolved()

@@ -110,8 +110,7 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
         return WorkEstimate(runs * per, f"{len(m.size_bytes)} size(s) × {m.iterations} iteration(s) × "
                                         f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs",
                             spans=runs * m.ranks)
-    par, tr = sc.parallel, sc.training
-    assert par is not None and tr is not None  # the schema requires both for training models
+    par, tr = sc.require_training()
     p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
     mb = max(1, sc.microbatches)
     layers = _layers(sc.model)

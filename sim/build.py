@@ -405,7 +405,6 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (
         sum(x.forward_flops for x in specs) * tr.global_batch if ck.kind == "full" else 0.0)
-    opt_block, unscale = sw.optimizer_block(cost, scenario, max(params_by_stage))
     info.single_gpu_time_s = single * scenario.microbatches * par.data + sw.single_gpu_optimizer_s(
         cost, scenario, info.params_total)
     opt_block, unscale = sw.optimizer_block(cost, scenario, max(params_by_stage))

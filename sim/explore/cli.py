@@ -11,17 +11,13 @@ import argparse
 import re
 from pathlib import Path
 
-from sim.budget import check_budget
 from sim.errors import ScenarioError
-from sim.explore.compare import compare, compare_table, unique_labels, write_compare
-from sim.explore.plan import plan
-from sim.explore.plan_output import plan_text, write_plan
 from sim.explore.runner import EXECUTORS, default_workers
-from sim.explore.sweep import NO_FIT, OK, counts, sweep, sweep_text, write_sweep
-from sim.outputs.report import write_report
-from sim.outputs.resultdir import ResultDir
 from sim.outputs.writers import atomic_write_text
-from sim.scenario.load import load_scenario, read_scenario_file
+
+# Lazy imports in the cmd_* functions and helpers below: sim.cli imports this module to build the parser of
+# every command, so each subcommand loads only what it runs (the simulator, pydantic schema, planner, report
+# writer: together ≈ 0.8 s that `dtsim --help`, `run` and `plot` would otherwise pay).
 
 MAX_PLAN_GPUS = 10**13  # far beyond any cluster; keeps factorising the count instant
 
@@ -87,6 +83,8 @@ def _slug(text: str, limit: int = 80) -> str:
 
 
 def _finish(staging: Path, out: Path) -> None:
+    from sim.outputs.report import write_report
+
     write_report(staging, out)
 
 
@@ -96,11 +94,18 @@ def _done(out: Path) -> None:
 
 def _name_of(path: str) -> str:
     """A scenario file's name (for a default result folder), read before any work."""
+    from sim.scenario.load import read_scenario_file
+
     name = read_scenario_file(path).get("name")
     return str(name) if isinstance(name, str) and name else Path(path).stem
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from sim.budget import check_budget
+    from sim.explore.compare import compare, compare_table, unique_labels, write_compare
+    from sim.outputs.resultdir import ResultDir
+    from sim.scenario.load import load_scenario
+
     _check_executor(args)
     if len(args.scenarios) < 2:
         raise ScenarioError("compare needs at least two scenario files", "compare")
@@ -132,6 +137,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from sim.explore.sweep import NO_FIT, OK, counts, sweep, sweep_text, write_sweep
+    from sim.outputs.resultdir import ResultDir
+
     _check_executor(args)
     keys = [g.partition("=")[0].strip() for g in args.grid]
     name = _name_of(args.scenario)
@@ -162,6 +170,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from sim.explore.plan import plan
+    from sim.explore.plan_output import plan_text, write_plan
+    from sim.outputs.resultdir import ResultDir
+
     _check_executor(args)
     out = Path(args.out) if args.out else Path("results") / _slug(f"plan-{_name_of(args.scenario)}")
     with ResultDir(out, "plan") as staging:

@@ -32,8 +32,7 @@ MAX_MC_FAILURES = 200_000
 
 def checkpoint_bytes(scenario: Scenario, params_total: float) -> float:
     """Bytes one checkpoint writes: the weights and optimizer states of the whole model (not gradients)."""
-    tr = scenario.training
-    assert tr is not None
+    _, tr = scenario.require_training()
     st = mem.model_state_bytes(params_total, zero_stage=0, dp=1, precision=tr.precision,
                                optimizer="sgd" if tr.optimizer == "sgd" else "adam")
     return st["weights"] + st["optimizer"]

@@ -30,7 +30,8 @@ OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", Tr
 # main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
 # fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
 # which a stable run rarely does: not priced.
-MEGATRON_ADAM_BYTES_PER_PARAM = 28 + 6 + 4
+FUSED_ADAM_BYTES_PER_PARAM = 28
+COPY_TO_16BIT_BYTES_PER_PARAM = 6
 CLIP_NORM_BYTES_PER_GRAD = 4
 # Host→device copy of a micro-batch's int64 tokens and labels (Megatron's get_batch): PCIe 4.0 x16,
 # ~25 GB/s achieved of 31.5 GB/s (PCI-SIG rate; NVIDIA bandwidthTest figures on DGX A100).
@@ -74,8 +75,7 @@ def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, 
 
 
 def optimizer_block(cost: CostModel, scenario: Scenario, params_per_gpu: float) -> tuple[Block, Block | None]:
-    par, tr = scenario.parallel, scenario.training
-    assert par is not None and tr is not None, "a training scenario has parallel and training sections"
+    par, tr = scenario.require_training()
     mixed = tr.precision not in ("fp32", "tf32")
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
@@ -91,8 +91,7 @@ def optimizer_block(cost: CostModel, scenario: Scenario, params_per_gpu: float) 
 
 def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -> float:
     """One optimizer step over all parameters on one GPU (the T_1 reference job)."""
-    tr = scenario.training
-    assert tr is not None, "a training scenario has a training section"
+    _, tr = scenario.require_training()
     mixed = tr.precision not in ("fp32", "tf32")
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
@@ -139,8 +138,8 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
         opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
             ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]
     else:
-        opt_ops = [elementwise("fused adam", shard * 28, "fp32"),
-                   elementwise("copy params to 16-bit", shard * 6, "fp32"),
+        opt_ops = [elementwise("fused adam", shard * FUSED_ADAM_BYTES_PER_PARAM, "fp32"),
+                   elementwise("copy params to 16-bit", shard * COPY_TO_16BIT_BYTES_PER_PARAM, "fp32"),
                    elementwise("zero main_grad", grads * gbytes, "fp32")]
     opt = op_block(cost, "optimizer step", opt_ops)[0]
     norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")

@@ -80,7 +80,7 @@ SCREEN_LAYOUTS = (
     Candidate(4, 2, 1, 4, "1f1b", 1, 2, "none", True),
     Candidate(1, 4, 2, 4, "gpipe", 1, 0, "selective", True),
 )
-SCREEN_TOLERANCE = 0.10  # the screen's step time vs the full simulation (measured: within 5 %)
+SCREEN_TOLERANCE = 0.05  # the screen's step time vs the full simulation (measured: within 3.4 %)
 
 
 @pytest.mark.parametrize("c", SCREEN_LAYOUTS, ids=lambda c: c.label())
@@ -109,8 +109,10 @@ def test_screen_prices_collectives_with_the_simulators_tuner(tmp_path):
     # 30 % of it after timing both on idle links).
     got = est.collective_s("all_reduce", "dp", group, 64e6)
     assert expected / 1.3 <= got <= expected
-    # Groups on later nodes are priced on the same pattern moved to the first nodes: same price.
-    assert est.collective_s("all_reduce", "dp", [4, 6], 8e6) == est.collective_s("all_reduce", "dp", [0, 2], 8e6)
+    # A group on the second node is priced on the same pattern moved to the first node (the screen caches
+    # by pattern): its price must still be the tuner's on the group's own place in the topology.
+    late = choose("all_reduce", "dp", 8e6, topo, [4, 6], comm_config_for(sc, topo)).predicted_s
+    assert late / 1.3 <= est.collective_s("all_reduce", "dp", [4, 6], 8e6) <= late
 
 
 def test_screen_prices_follow_a_calibrated_profile(tmp_path):

@@ -166,7 +166,9 @@ def test_dense_mode_and_back_keep_the_rates_exact(caps: list[float], flows) -> N
         net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = old
 
 
-def _check_rates_as_flows_come_and_go(caps: list[float], flows) -> None:
+def _check_rates_as_flows_come_and_go(caps: list[float], flows) -> int:
+    """Run the flows, comparing the rates with the references at probe instants; returns how many probes
+    compared (an example whose flows all finish before the first probe compares none)."""
     env = simpy.Environment()
     n = Network(env, np.asarray(caps))
     rec = Rec(env)
@@ -192,6 +194,23 @@ def _check_rates_as_flows_come_and_go(caps: list[float], flows) -> None:
     env.run()
     assert len(rec.done) == len(flows)
     assert sum(n.link_bytes) == pytest.approx(sum(size * len(p) for p, size, _ in flows))
+    return len(checks)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_rate_probes_compare_on_a_network_that_stays_busy(dense: bool) -> None:
+    """A fixed case long enough for the probes to compare at many instants, sparse and dense mode: the
+    random examples above may finish before the first probe."""
+    import sim.engine.network as net_mod
+
+    old = (net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS)
+    if dense:
+        net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = 3, 1
+    try:
+        flows = [((0, 1), 5.0, 0.0), ((1, 2), 5.0, 0.0), ((0, 2), 3.0, 0.1), ((3,), 8.0, 0.2), ((2, 3), 4.0, 0.0)]
+        assert _check_rates_as_flows_come_and_go([1.0, 2.0, 1.0, 3.0, 1.0, 1.0], flows) >= 10
+    finally:
+        net_mod.DENSE_MIN_FLOWS, net_mod.SPARSE_MAX_FLOWS = old
 
 
 def test_processor_sharing_on_one_link_matches_the_closed_form() -> None:

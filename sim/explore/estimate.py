@@ -62,6 +62,12 @@ class Candidate:
     def gpus(self) -> int:
         return self.data * self.tensor * self.pipeline
 
+    def parallel_fields(self) -> dict[str, object]:
+        """The candidate's settings that belong to the scenario's parallel section."""
+        return {"data": self.data, "tensor": self.tensor, "pipeline": self.pipeline, "schedule": self.schedule,
+                "virtual_stages": self.virtual_stages, "zero": self.zero,
+                "sequence_parallel": self.sequence_parallel}
+
     def overrides(self) -> list[str]:
         """The ``--set`` strings that turn the base scenario into this candidate."""
         return [
@@ -406,13 +412,7 @@ class Estimator:
         sc = self.scenario
         par = self.parallel.model_copy(
             update={
-                "data": c.data,
-                "tensor": c.tensor,
-                "pipeline": c.pipeline,
-                "schedule": c.schedule,
-                "virtual_stages": c.virtual_stages,
-                "zero": c.zero,
-                "sequence_parallel": c.sequence_parallel,
+                **c.parallel_fields(),
                 "stage_layers": stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages),
             }
         )

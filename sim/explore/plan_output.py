@@ -3,6 +3,7 @@ explanation, plan.csv (simulated rows, then the best screened ones) and best.yam
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from sim.explore.runner import NO_FIT, default_workers
@@ -145,15 +146,7 @@ def _screened_row(s: Screened) -> dict:
     return {
         "candidate": c.label(),
         "num_gpus": s.gpus,
-        "data": c.data,
-        "tensor": c.tensor,
-        "pipeline": c.pipeline,
-        "schedule": c.schedule,
-        "virtual_stages": c.virtual_stages,
-        "zero": c.zero,
-        "micro_batch": c.micro_batch,
-        "checkpointing": c.checkpointing,
-        "sequence_parallel": c.sequence_parallel,
+        **asdict(c),  # data … sequence_parallel: the candidate's fields are plan.csv's column names
         "est_step_time_s": e.step_time_s,
         "est_bubble_fraction": e.bubble_fraction,
         "est_tp_comm_s": e.tp_comm_s,

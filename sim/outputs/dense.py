@@ -62,10 +62,6 @@ class DenseLayer:
         r, g, b = to_rgb(color)
         return self._palette.setdefault((float(r), float(g), float(b)), len(self._palette))
 
-    def add(self, row: int, color, x: float, width: float) -> None:
-        """One interval ``[x, x + width)`` in data units, drawn in ``color`` on chart row ``row``."""
-        self.add_many(np.array([row]), np.array([self.color_id(color)]), np.array([x]), np.array([width]))
-
     def add_many(self, rows: np.ndarray, color_ids: np.ndarray, x: np.ndarray, width: np.ndarray) -> None:
         """Intervals as arrays: chart row, palette index (``color_id``), start and width in data units."""
         if len(x):

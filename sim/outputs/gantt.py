@@ -21,10 +21,10 @@ from sim.outputs.dense import WIDE_PX, DenseLayer
 from sim.outputs.span_table import NO_MICROBATCH, SpanTable, span_table
 
 FIG_WIDTH_IN = 14.0
-MIN_LABEL_PT = 5.0
+MIN_LABEL_PT = 5.0  # smaller micro-batch numbers are unreadable; leave those blocks blank
 # Up to this many drawn spans every span is its own rectangle (a 16-GPU run draws in ~1 s); above it,
 # spans narrower than WIDE_PX pixels are summed per pixel column into one raster layer (sim.outputs.dense).
-VECTOR_SPANS_MAX = 20_000  # smaller micro-batch numbers are unreadable; leave those blocks blank
+VECTOR_SPANS_MAX = 20_000
 
 
 @dataclass(frozen=True)
@@ -149,26 +149,14 @@ def draw_spans(
     factor: float,
     pts_per_unit: float,
     chunked: bool,
-    dense: DenseLayer | None = None,
 ) -> set[str]:
-    """Draw one row's spans grouped by colour; returns the categories drawn.
-
-    With ``dense``, spans narrower than ``WIDE_PX`` pixels go to that raster layer instead of becoming
-    rectangles of their own (row ``y`` of the layer)."""
+    """Draw one row's spans grouped by colour, each a rectangle; returns the categories drawn."""
     groups: dict[tuple[str, bool], list[Span]] = defaultdict(list)
     for span in spans:
         odd_chunk = chunked and int(span.args.get("chunk", 0)) % 2 == 1
         groups[(span.category, odd_chunk)].append(span)
     for (category, odd_chunk), members in groups.items():
         fill = span_fill(category, odd_chunk)
-        if dense is not None:
-            narrow = [s for s in members if dense.px(s.dur_s * factor) < WIDE_PX]
-            for s in narrow:
-                dense.add(int(y), fill, s.start_s * factor, s.dur_s * factor)
-            if narrow:
-                members = [s for s in members if dense.px(s.dur_s * factor) >= WIDE_PX]
-            if not members:
-                continue
         xranges = [(s.start_s * factor, s.dur_s * factor) for s in members]
         # White separators only where a block is wide enough to keep its colour visible.
         widths = [0.4 if w * pts_per_unit > 4 else 0.0 for _, w in xranges]

@@ -86,10 +86,6 @@ def _csv_quote(text: str) -> str:
     return text
 
 
-def _blank_none(value) -> str:
-    return "" if value is None else str(value)
-
-
 def _csv_column(texts: list[str]) -> list[str]:
     """Text fields quoted as ``csv.writer`` would; one scan of the joined column when none needs it."""
     joined = "\x00".join(texts)

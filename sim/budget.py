@@ -129,10 +129,17 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets
     dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d) + buckets)
-    dp *= 2 if par.zero >= 3 else 1
+    dp_spans = sim_gpus * buckets
+    if par.zero >= 2 and d > 1:
+        # ZeRO-2/3: every layer's gradients reduce-scattered per micro-batch (ZeRO-3 also gathers its
+        # weights for F and B), each over the whole DP group in either mode.
+        per_gpu = mb * per_gpu_layers * (3 if par.zero >= 3 else 1)
+        groups = p if symmetric else sc.total_gpus / d
+        dp = groups * per_gpu * _collective_cost("reduce_scatter", "ring", d)
+        dp_spans = sim_gpus * per_gpu
     per_step = compute + tp + pp + dp
     events = steps * per_step
-    spans = steps * (compute + tp_occurrences + 2.0 * mb * v * (p - 1) * (sim_gpus / p) + sim_gpus * buckets)
+    spans = steps * (compute + tp_occurrences + 2.0 * mb * v * (p - 1) * (sim_gpus / p) + dp_spans)
     return WorkEstimate(
         events,
         f"{steps} step(s) × ({sim_gpus} simulated GPUs × {mb} micro-batches × {per_gpu_layers:.0f} layers × "

@@ -201,6 +201,32 @@ def test_zero3_without_overlap_waits_for_each_reduce_scatter() -> None:
     assert overlapped(False) == 0
 
 
+def test_zero2_reduce_scatters_every_micro_batch_and_zero1_once() -> None:
+    """ZeRO-2 holds only its gradient shard, so it cannot accumulate whole gradients over micro-batches:
+    each micro-batch's are reduce-scattered (DeepSpeed's partition_gradients path). Per step a GPU then
+    reduce-scatters m × its layers' gradient bytes; ZeRO-1 reduce-scatters them once."""
+    m = 4  # 8 samples per replica in micro-batches of 2
+    dp, tp = 8, 2
+
+    def scattered(zero: int) -> tuple[float, float]:
+        sc = scenario_from_dict(_tiny(parallel__zero=zero, parallel__pipeline=1, parallel__data=dp,
+                                      parallel__tensor=tp, training__global_batch=dp * 8,
+                                      simulation__symmetry="off"))
+        assert sc.microbatches == m
+        job, _ = build_job(sc, cost_model_for(sc))
+        layer_grads = sum(lw.grad_bytes for lw in job.chunks[0].layers)
+        spans = simulate(sc).timeline.spans
+        sent = sum(s.args["bytes"] for s in spans
+                   if s.gpu == 0 and s.category == COMM_DP and s.args.get("op") == "reduce_scatter")
+        return sent, layer_grads
+
+    z2, grads = scattered(2)
+    z1, grads1 = scattered(1)
+    assert grads == grads1 > 0
+    assert z2 == pytest.approx(m * grads, rel=1e-12)
+    assert z1 == pytest.approx(grads, rel=1e-12)
+
+
 def test_one_gpu_speedup_is_one_and_compression_runs_on_synthetic_models() -> None:
     one = {"name": "one", "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "A100-80GB"}, "model": "gpt3-1.3b",
            "parallel": {"data": 1}, "training": {"global_batch": 4}}

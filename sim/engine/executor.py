@@ -427,9 +427,13 @@ class TrainingExecutor:
                         else:
                             yield from self._blocks(g, lw.weight, BACKWARD_WEIGHT, args, f"W{a.microbatch} {lw.name}")
                         has_grads = a.kind == "W" or not job.split_backward
-                        if has_grads and job.zero == 3 and job.overlap_grad_sync:
+                        # ZeRO-2/3 keep only their shard of the gradients, so each micro-batch's gradients
+                        # are reduce-scattered as its backward produces them (DeepSpeed's stage_1_and_2.py
+                        # reduces in every backward when partition_gradients, stage 1 only at the
+                        # accumulation boundary; FSDP reduce-scatters per backward outside no_sync()).
+                        if has_grads and job.zero >= 2 and job.overlap_grad_sync:
                             dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step))
-                        elif has_grads and job.zero == 3:
+                        elif has_grads and job.zero >= 2:
                             shard_bucket += lw.grad_bytes
                         elif has_grads and final and job.compression_ratio is None:
                             bucket += lw.grad_bytes
@@ -440,7 +444,7 @@ class TrainingExecutor:
                         # One bucket per model chunk: reduced once the chunk's last gradients are in.
                         dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
                         bucket = 0.0
-                    if shard_bucket > 0:  # ZeRO-3 without overlap: this action's gradients, reduced now
+                    if shard_bucket > 0:  # ZeRO-2/3 without overlap: this action's gradients, reduced now
                         yield self._dp_sync(g, "reduce_scatter", shard_bucket, step)
                         shard_bucket = 0.0
                     if a.kind == "B":
@@ -470,20 +474,23 @@ class TrainingExecutor:
 
     def _ring_only_kinds(self) -> set[str]:
         """"tp"/"dp" when every collective of that kind runs as a ring: TP's as the tuner chooses them for
-        their real sizes; DP's when they exist only as rings (reduce-scatter, all-gather: ZeRO-1/2). The 4-byte
+        their real sizes; DP's when they exist only as rings (reduce-scatter, all-gather: ZeRO-1). The 4-byte
         gradient-norm all-reduce runs after the last backward, when no replica has TP traffic: left out."""
         job = self.job
         group = self.layout.tp_group(self.gpus[0])
         tp = {(b.comm_op_kind[0], b.comm_bytes) for c in job.chunks for lw in c.layers
               for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
               if b.comm and b.comm_bytes > 0 and b.comm_op_kind[1] == "tp"}
-        tp_rings = len(group) == 1 or all(
-            choose(op, "tp", size, self.world.topology, group, self.comm, self._choices).algorithm == "ring"
-            for op, size in tp)
-        # ZeRO-1/2: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-3's
-        # per-layer gathers interleave with compute in ways the peers' groups still matter for: kept.)
+        choices = [choose(op, "tp", size, self.world.topology, group, self.comm, self._choices) for op, size in tp]
+        # A latency-bound collective (NCCL's LL protocol: a few kB, the cross-entropy's per-token sums)
+        # moves too little for its ranks to finish apart or to load the links its peers use: it does not
+        # need the mirrored groups either.
+        tp_rings = len(group) == 1 or all(c.algorithm == "ring" or c.protocol == "LL" for c in choices)
+        # ZeRO-1: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-2/3's
+        # per-micro-batch, per-layer reduce-scatters interleave with the backward's TP collectives in ways
+        # the peers' groups still matter for: kept.)
         dp_ops = {self._grad_op(), "all_gather"}
-        dp_rings = job.zero in (1, 2) and job.compression_ratio is None and all(
+        dp_rings = job.zero == 1 and job.compression_ratio is None and all(
             COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
         return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
 

@@ -329,18 +329,35 @@ class Estimator:
                 gather_w = self.collective_s("all_gather", "dp", dp_group, tf.layer_params(d) / t * eb)
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
                 sync, after = 0.0, m * n_layers * (2 * gather_w + scatter) * (1 + (p - 1) / (v * m))
-            else:
-                op = "reduce_scatter" if c.zero in (1, 2) else "all_reduce"
+            elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
+                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
+                rest = grads - layers[0] * layer_grads  # the embedding's (and head's) gradients
+                per_mb = layers[0] * scatter + (self.collective_s("reduce_scatter", "dp", dp_group, rest)
+                                                if rest > 0 else 0.0)
+                sync = m * per_mb
+                after = self.collective_s("all_gather", "dp", dp_group, held * eb)
+                if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
+                    exposed = max(scatter, sync - m * period)
+                    slowed = (sync - exposed) * self.comm_slowdown / (1 + self.comm_slowdown)
+                    dp_exposed = exposed + slowed + after
+                else:
+                    dp_exposed = sync + after
+            else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward
+                # (DeepSpeed's pipeline engine all-reduces bf16 models' fp32 gradients even under ZeRO-1)
+                whole = c.zero == 0 or (ks.zero1_grad_all_reduce and self.precision in ("bf16", "fp8"))
+                op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
-                after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero in (1, 2) else 0.0
-            if self.overlap_grad_sync and c.zero < 3:
-                overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
-                last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
-                hidden = max(0.0, min(sync - last_bucket, overlap))
-                # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
-                slowed = hidden * self.comm_slowdown / (1 + self.comm_slowdown)
-                dp_exposed = sync - hidden + slowed + after
-            else:
+                after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero == 1 else 0.0
+                if self.overlap_grad_sync:
+                    overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
+                    last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
+                    hidden = max(0.0, min(sync - last_bucket, overlap))
+                    # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
+                    slowed = hidden * self.comm_slowdown / (1 + self.comm_slowdown)
+                    dp_exposed = sync - hidden + slowed + after
+                else:
+                    dp_exposed = sync + after
+            if c.zero == 3:
                 dp_exposed = sync + after
             dp_total = sync + after
         # Step end: tied embeddings' gradient all-reduce between first and last stage, loss-scale unscale,

@@ -129,7 +129,7 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets
     dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d) + buckets)
-    dp_spans = sim_gpus * buckets
+    dp_spans: float = sim_gpus * buckets
     if par.zero >= 2 and d > 1:
         # ZeRO-2/3: every layer's gradients reduce-scattered per micro-batch (ZeRO-3 also gathers its
         # weights for F and B), each over the whole DP group in either mode.

@@ -243,8 +243,10 @@ def _measure_quietly(job: ValidationJob, device: str, threads: int | None, timeo
     or after it, or a wide spread of step times); keep the quietest try. Each try records the background
     load measured before and after it and the noise band of its step times."""
     tries: list[dict[str, Any]] = []
-    for _ in range(MAX_TRIES):
-        before = background_load()
+    after: float | None = None
+    for k in range(MAX_TRIES):
+        # A retry follows the last probe at once: that probe is also its "before" (one idle second less).
+        before = background_load() if k == 0 else after
         real = run_real(job, device, threads, timeout_s)
         after = background_load()
         loads = [x for x in (before, real.get("other_load_cores"), after) if x is not None]

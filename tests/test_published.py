@@ -15,7 +15,13 @@ import yaml
 
 from sim.cli import main
 from sim.scenario.load import load_scenario
-from sim.validation.flops import matmul_params, megatron_causal_2025, narayanan_2021_eq4, palm_model_flops
+from sim.validation.flops import (
+    llm_foundry_mfu,
+    matmul_params,
+    megatron_causal_2025,
+    narayanan_2021_eq4,
+    palm_model_flops,
+)
 from sim.validation.published import DEFAULT_CASES, load_cases, published_time_s, scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +62,17 @@ def test_megatron_formula_reproduces_nemo_tokens_and_tflops_pairs(name: str) -> 
     flops_per_token = megatron_causal_2025(sc.model, 1) / sc.model.seq_len
     implied_tflops = flops_per_token * case.published.tokens_per_s_per_gpu / 1e12
     assert implied_tflops == pytest.approx(case.published.tflops_per_gpu, rel=0.005)
+
+
+@pytest.mark.parametrize("name", ["mpt-3b-8xa100-llmfoundry", "mpt-7b-8xa100-llmfoundry",
+                                  "mpt-13b-8xa100-llmfoundry", "mpt-30b-8xa100-llmfoundry"])
+def test_llm_foundry_formula_reproduces_the_tables_mfu(name: str) -> None:
+    """tokens/s per GPU × llm-foundry's FLOPs per token ÷ the A100's 312 TFLOP/s = the table's MFU."""
+    case, sc = BY_NAME[name], _scenario(name)
+    flops_per_token = llm_foundry_mfu(sc.model, 1) / sc.model.seq_len
+    assert case.published.mfu is not None and case.published.tokens_per_s_per_gpu is not None
+    mfu = flops_per_token * case.published.tokens_per_s_per_gpu / 312e12
+    assert mfu == pytest.approx(case.published.mfu, rel=0.005)
 
 
 def test_palm_model_flops_by_hand_for_llama3_405b() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.scenario.schema import TransformerModel
+from sim.workload.transformer import model_params
 
 
 def narayanan_2021_eq4(m: TransformerModel, batch: int) -> float:
@@ -53,8 +54,16 @@ def megatron_causal_2025(m: TransformerModel, batch: int) -> float:
     return 12.0 * b * s * n * h * h * (attention + (m.ffn_hidden / h) * gated + v / (2.0 * n * h))
 
 
+def llm_foundry_mfu(m: TransformerModel, batch: int) -> float:
+    """MosaicML llm-foundry's MFU numerator (scripts/train/benchmarking/README.md, "MFU"): per token
+    6·N + 12·l·h·s, N every parameter of the model (its NumParams column), no recomputation."""
+    tokens = float(batch) * m.seq_len
+    return tokens * (6.0 * model_params(m.to_dims()) + 12.0 * m.layers * m.hidden * m.seq_len)
+
+
 FLOP_FORMULAS: dict[str, Callable[[TransformerModel, int], float]] = {
     "narayanan-2021-eq4": narayanan_2021_eq4,
     "palm-model-flops": palm_model_flops,
     "megatron-causal-2025": megatron_causal_2025,
+    "llm-foundry-mfu": llm_foundry_mfu,
 }

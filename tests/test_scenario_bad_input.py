@@ -336,6 +336,10 @@ def _with(**sections) -> dict:
         (_with(training=None), "training: missing — a synthetic model needs a training section"),
         (_with(model={"kind": "synthetic", "layers": 8, "forward_ms": "1ms"}), "must be a finite number"),
         (_with(parallel={"zero": 4}), "parallel.zero: 4 — must be ≤ 3"),
+        (
+            _with(parallel={"zero": 2}, training={"gradient_compression": {"kind": "topk", "ratio": 0.01}}),
+            "parallel.zero: 2 — gradient compression all-gathers",
+        ),
         (_with(parallel={"bucket_MB": 0}), "must be ≥ 0.001"),
     ],
 )

@@ -317,5 +317,15 @@ def _reliability(sc: Scenario) -> None:
                         "set training.tokens (transformers) or training.train_steps")
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens, _collective, _symmetry,
-                  _reliability)
+def _compression(sc: Scenario) -> None:
+    p, t = sc.parallel, sc.training
+    if p is None or t is None or t.gradient_compression is None or p.zero < 2:
+        return
+    raise RuleError("parallel.zero", show(p.zero),
+                    "gradient compression all-gathers every replica's sparse gradients once per step; ZeRO-2/3 "
+                    "reduce-scatter each micro-batch's gradients into shards instead",
+                    "use zero ≤ 1 with training.gradient_compression, or remove the compression")
+
+
+SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens,
+                  _collective, _symmetry, _compression, _reliability)

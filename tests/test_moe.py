@@ -169,3 +169,21 @@ def test_shared_experts_params_flops_and_run():
         shared = [x for x in res.timeline.spans if x.gpu == 0 and "shared_up" in x.name]
         assert shared and res.summary["step_time_s"] > simulate(scenario_from_dict(
             {**_small(), "parallel": {**_small()["parallel"], "sequence_parallel": sp}})).summary["step_time_s"]
+
+
+def test_zero2_reduce_scatters_dense_and_expert_gradients_every_micro_batch() -> None:
+    """ZeRO-2 shards the experts' gradients too: per step a GPU reduce-scatters m × (dense + expert)
+    gradient bytes, where ZeRO-1 reduce-scatters them once."""
+
+    def scattered(zero: int) -> tuple[float, int]:
+        d = _small(zero=zero)
+        d["training"]["global_batch"] = 64  # 4 micro-batches of 2 per replica
+        sc = scenario_from_dict(d)
+        spans = simulate(sc).timeline.spans
+        return sum(s.args["bytes"] for s in spans if s.gpu == 0 and s.category == COMM_DP
+                   and s.args.get("op") == "reduce_scatter"), sc.microbatches
+
+    z1, m = scattered(1)
+    z2, _ = scattered(2)
+    assert m > 1 and z1 > 0
+    assert z2 == pytest.approx(m * z1, rel=1e-12)

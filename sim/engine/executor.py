@@ -379,7 +379,7 @@ class TrainingExecutor:
         self._memory(g, static)
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
-            bucket = shard_bucket = 0.0
+            bucket = shard_bucket = expert_bucket = 0.0
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
                 chunk = job.chunks[vs]
@@ -433,8 +433,12 @@ class TrainingExecutor:
                         # accumulation boundary; FSDP reduce-scatters per backward outside no_sync()).
                         if has_grads and job.zero >= 2 and job.overlap_grad_sync:
                             dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step))
+                            if lw.expert_grad_bytes > 0:  # MoE: the experts' shard, over the expert-DP group
+                                dp_events.append(self._dp_sync(g, "reduce_scatter", lw.expert_grad_bytes, step,
+                                                               kind="edp"))
                         elif has_grads and job.zero >= 2:
                             shard_bucket += lw.grad_bytes
+                            expert_bucket += lw.expert_grad_bytes
                         elif has_grads and final and job.compression_ratio is None:
                             bucket += lw.grad_bytes
                             if bucket >= job.bucket_bytes and job.overlap_grad_sync and bucketed(a.chunk):
@@ -447,6 +451,9 @@ class TrainingExecutor:
                     if shard_bucket > 0:  # ZeRO-2/3 without overlap: this action's gradients, reduced now
                         yield self._dp_sync(g, "reduce_scatter", shard_bucket, step)
                         shard_bucket = 0.0
+                    if expert_bucket > 0:
+                        yield self._dp_sync(g, "reduce_scatter", expert_bucket, step, kind="edp")
+                        expert_bucket = 0.0
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
                         if vs > 0:
@@ -459,7 +466,7 @@ class TrainingExecutor:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)
                                for lw in job.chunk_of(stage, c).layers)
-            if expert_grads > 0:  # MoE: the experts' gradients, over the GPUs holding the same experts
+            if expert_grads > 0 and job.zero < 2:  # MoE: the experts' gradients, over the GPUs holding them
                 dp_events.append(self._dp_sync(g, self._grad_op(), expert_grads, step, kind="edp"))
             if job.compression_ratio is not None:
                 yield from self._compressed_sync(g, step)

@@ -195,15 +195,17 @@ def suggest_fixes(
     hints = [f"needs {breakdown.peak / GB:.1f} GB of {capacity / GB:.1f} GB (over by {over / GB:.1f} GB)"]
     if dp > 1:
         saved = 0.0
+        # What each stage costs in communication, so a hint never reads as free (ZeRO-2/3 reduce-scatter
+        # every micro-batch's gradients; ZeRO-3 also gathers every layer's weights for F and B).
         by_stage = (
-            (1, "optimizer states", breakdown.optimizer),
-            (2, "gradients", breakdown.gradients),
-            (3, "weights", breakdown.weights),
+            (1, "optimizer states", breakdown.optimizer, ""),
+            (2, "gradients", breakdown.gradients, "; reduce-scatters every micro-batch's gradients"),
+            (3, "weights", breakdown.weights, "; all-gathers every layer's weights per micro-batch"),
         )
-        for stage, label, held in by_stage:
+        for stage, label, held, cost in by_stage:
             if stage > zero_stage:
                 saved += held * (1 - 1 / dp)
-                hints.append(f"enable ZeRO-{stage} (shards {label} too): saves {saved / GB:.1f} GB")
+                hints.append(f"enable ZeRO-{stage} (shards {label} too{cost}): saves {saved / GB:.1f} GB")
     if checkpointing != "full" and breakdown.activations > 0:
         hints.append("enable full activation checkpointing (keeps only each layer's input)")
     states = breakdown.weights + breakdown.gradients + breakdown.optimizer

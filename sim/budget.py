@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 from sim.errors import ScenarioError
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
-from sim.training.step_work import grad_bucket_bytes, grad_elem_bytes, main_grad_bytes
-from sim.workload.kernels import KERNEL_SETS
+from sim.training.step_work import grad_bucket_bytes, reduced_grad_bytes
 from sim.workload.transformer import model_params
 
 if TYPE_CHECKING:
@@ -123,11 +122,10 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
     tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t)
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
-    # Gradient bytes as sim.build reduces them (fp32 main grads for bf16 transformers under Megatron).
-    transformer = isinstance(sc.model, TransformerModel)
-    gbytes = main_grad_bytes(tr.precision, KERNEL_SETS[tr.kernels]) if transformer else grad_elem_bytes(tr.precision)
+    gbytes = reduced_grad_bytes(sc)  # as sim.build reduces them (fp32 main grads for bf16 transformers)
     grad_bytes = _params(sc.model) / max(1, p * t) * gbytes
-    bucket = grad_bucket_bytes(par.bucket_MB, transformer=transformer, data=d, grad_elem_bytes=gbytes)
+    bucket = grad_bucket_bytes(par.bucket_MB, transformer=isinstance(sc.model, TransformerModel), data=d,
+                               grad_elem_bytes=gbytes)
     buckets = max(1, math.ceil(grad_bytes / bucket)) if d > 1 else 0
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).

@@ -195,7 +195,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     ks = KERNEL_SETS[tr.kernels]
     act_dtype = storage_dtype(dtype)
     ebytes = DTYPE_BYTES[act_dtype]
-    gbytes = sw.main_grad_bytes(dtype, ks)
+    gbytes = sw.reduced_grad_bytes(scenario)  # the same bytes sim.budget counts
     moe = m.to_moe()  # None: dense MLP; else MoE layers with expert parallelism (sim.workload.moe)
     # Context parallelism: each GPU works on seq/cp tokens of every sequence (sim.parallel.context).
     cp, seq = par.cp, m.seq_len // par.cp

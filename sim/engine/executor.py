@@ -333,8 +333,10 @@ class TrainingExecutor:
                                start + work, args)
                 else:
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
+            if not b.comm or b.comm_bytes <= 0:  # most blocks: no collective (parse nothing)
+                continue
             op, kind = b.comm_op_kind
-            if b.comm and b.comm_bytes > 0 and (self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1):
+            if self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1:
                 start = env.now
                 yield from self._collective(g, kind, op, b.comm_bytes)
                 cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from sim.cost.base import CostModel
 from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, GRAD_ACCUM
-from sim.units import MB
-from sim.workload.kernels import DDP_BUCKET_BYTES, KernelSet, megatron_bucket_params
+from sim.units import FULL_PRECISIONS, MB
+from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
 from sim.workload.ops import GEMM, Op, elementwise
 from sim.workload.transformer import Segment
 
@@ -61,7 +61,7 @@ def op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op], host_s:
 
 
 def grad_elem_bytes(precision: str) -> int:
-    return 4 if precision in ("fp32", "tf32") else 2
+    return 4 if precision in FULL_PRECISIONS else 2
 
 
 def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, grad_elem_bytes: int) -> float:
@@ -76,7 +76,7 @@ def grad_bucket_bytes(bucket_MB: float | None, *, transformer: bool, data: int, 
 
 def optimizer_block(cost: CostModel, scenario: Scenario, params_per_gpu: float) -> tuple[Block, Block | None]:
     par, tr = scenario.require_training()
-    mixed = tr.precision not in ("fp32", "tf32")
+    mixed = tr.precision not in FULL_PRECISIONS
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     shard = params_per_gpu / (par.data * par.cp if par.zero >= 1 else 1)
     opt_block = op_block(cost, "optimizer step", [
@@ -92,7 +92,7 @@ def optimizer_block(cost: CostModel, scenario: Scenario, params_per_gpu: float) 
 def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -> float:
     """One optimizer step over all parameters on one GPU (the T_1 reference job)."""
     _, tr = scenario.require_training()
-    mixed = tr.precision not in ("fp32", "tf32")
+    mixed = tr.precision not in FULL_PRECISIONS
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
     return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
 
@@ -103,6 +103,15 @@ def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):  # fp16 keeps fp16 grads (loss scaling)
         return 4
     return grad_elem_bytes(precision)
+
+
+def reduced_grad_bytes(scenario: Scenario) -> int:
+    """Bytes per gradient element the data-parallel sync moves for ``scenario``: transformers run a
+    Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""
+    _, tr = scenario.require_training()
+    if scenario.model.kind == "transformer":
+        return main_grad_bytes(tr.precision, KERNEL_SETS[tr.kernels])
+    return grad_elem_bytes(tr.precision)
 
 
 def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
@@ -131,7 +140,7 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
                        zero: int, gbytes: int) -> tuple[Block, Block]:
     """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts
     above). The planner's screen prices the step with this too."""
-    mixed = precision not in ("fp32", "tf32")
+    mixed = precision not in FULL_PRECISIONS
     shard = params_per_gpu / (data if zero >= 1 else 1)
     grads = params_per_gpu / (data if zero >= 2 else 1)
     if optimizer == "sgd" or not mixed:

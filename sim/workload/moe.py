@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.units import DTYPE_BYTES
+from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
 from sim.workload.attention import flash_attention_op
 from sim.workload.ops import elementwise, gemm
@@ -86,7 +86,7 @@ def active_params(d: tf.TransformerDims, moe: MoESpec) -> int:
 def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, dtype: str) -> float:
     """One GPU's all-to-all buffer per layer and direction: its tokens × top_k × load factor × h × bytes."""
     tokens = micro_batch * d.seq_len / tp
-    return tokens * moe.top_k * moe.load_factor * d.hidden * DTYPE_BYTES[tf._act_dtype(dtype)]
+    return tokens * moe.top_k * moe.load_factor * d.hidden * DTYPE_BYTES[storage_dtype(dtype)]
 
 
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
@@ -94,7 +94,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives)."""
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
-    act = tf._act_dtype(dtype)
+    act = storage_dtype(dtype)
     e = DTYPE_BYTES[act]
     tokens = b * d.seq_len
     local = tokens // t if sp else tokens

@@ -227,11 +227,6 @@ def _check_parallel(
         )
 
 
-def _act_dtype(dtype: str) -> str:
-    """Precision of activations, attention and elementwise kernels (fp8 keeps them in bf16)."""
-    return storage_dtype(dtype)
-
-
 def _collectives(tp: int, sp: bool) -> tuple[str | None, str | None]:
     """(after a row-parallel block, before a column-parallel block) in the forward pass.
 
@@ -324,7 +319,7 @@ def layer_ops(
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
-    act = _act_dtype(dtype)
+    act = storage_dtype(dtype)
     tokens = b * d.seq_len
     local = tokens // t if sp else tokens  # tokens seen by norm / dropout regions
     ffn_t = d.ffn_hidden // t
@@ -422,7 +417,7 @@ def embedding_ops(
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
     h, t = d.hidden, tp
-    act = _act_dtype(dtype)
+    act = storage_dtype(dtype)
     e = DTYPE_BYTES[act]
     tokens = micro_batch * d.seq_len
     local = tokens // t if sp else tokens
@@ -457,7 +452,7 @@ def head_ops(
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
     h, t = d.hidden, tp
-    act = _act_dtype(dtype)
+    act = storage_dtype(dtype)
     e = DTYPE_BYTES[act]
     tokens = micro_batch * d.seq_len
     local = tokens // t if sp else tokens

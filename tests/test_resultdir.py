@@ -196,3 +196,23 @@ def test_ctrl_c_turned_into_another_error_by_a_library_is_still_an_interrupt(tmp
     assert "internal error" not in err and "removed the unfinished result" in err
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
     assert not list(tmp_path.glob(".r.tmp-*"))
+
+
+def test_an_interrupt_dropped_by_a_finaliser_still_stops_and_prints_no_traceback(tmp_path, capfd) -> None:
+    """A SIGTERM whose KeyboardInterrupt fires inside __del__ (Python only reports it there) still aborts
+    the result, and the report shows no traceback."""
+
+    class KillsOnCollect:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes, here: inside the finaliser
+                pass
+
+    out = tmp_path / "r"
+    with pytest.raises(KeyboardInterrupt), ResultDir(out, "test") as staging:
+        (staging / "a.txt").write_text("new")
+        obj = KillsOnCollect()
+        del obj  # the interrupt is raised and dropped inside __del__; the body carries on
+        (staging / "b.txt").write_text("new")
+    assert "Traceback" not in capfd.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".r.tmp-*"))

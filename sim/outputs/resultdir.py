@@ -30,7 +30,9 @@ import signal
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sim import __version__
 from sim.errors import ScenarioError
@@ -143,6 +145,7 @@ class ResultDir:
         self._lock_path = self.out.parent / f".{self.out.name}.lock"
         self._old_handlers: dict[int, object] = {}
         self._signalled = False  # a SIGINT/SIGTERM arrived while this folder was being written
+        self._old_unraisablehook: Callable[[Any], object] | None = None
         self._check()
         self._lock()
 
@@ -244,6 +247,11 @@ class ResultDir:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            if exc_type is None and self._signalled:
+                # The KeyboardInterrupt fired inside a weakref callback or __del__ (a garbage collection),
+                # where Python only reports and drops it: the user still asked to stop.
+                self._abort(interrupted=True)
+                raise KeyboardInterrupt
             if exc_type is None:
                 self.commit()
             else:
@@ -309,16 +317,27 @@ class ResultDir:
             self._signalled = True  # remembered in case a library swallows the KeyboardInterrupt
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
+        previous_hook = sys.unraisablehook
+
+        def quiet(unraisable) -> None:  # our own dropped interrupt: no traceback (__exit__ acts on it)
+            if not (self._signalled and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+                previous_hook(unraisable)
+
         try:
             for sig in _HANDLED_SIGNALS:
                 self._old_handlers[sig] = signal.signal(sig, to_interrupt)
         except ValueError:  # not the main thread: leave signals alone
-            pass
+            return
+        self._old_unraisablehook = previous_hook
+        sys.unraisablehook = quiet
 
     def _restore_signals(self) -> None:
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._old_handlers.clear()
+        if self._old_unraisablehook is not None:
+            sys.unraisablehook = self._old_unraisablehook
+            self._old_unraisablehook = None
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

@@ -134,8 +134,8 @@ def test_busbw_follows_nccl_tests_definition() -> None:
 
 
 def test_ring_fast_path_equals_generic_dag() -> None:
-    """RingRun (arithmetic dependencies) and DagRun over the same DAG give identical times."""
-    w1, w2 = world(2, 4, nics_per_node=2), world(2, 4, nics_per_node=2)
+    """On equal links RingRun (arithmetic dependencies) and DagRun over the same DAG give identical times."""
+    w1, w2 = world(1, 8), world(1, 8)
     spec = coll.RingSpec(8, (1 << 24) / 8, 14)
     r1 = w1.run_collective_alone(spec, list(range(8)))
     r2 = w2.run_collective_alone(spec.to_dag(), list(range(8)))
@@ -144,6 +144,40 @@ def test_ring_fast_path_equals_generic_dag() -> None:
     w1.env.run()
     w2.env.run()
     assert r1.end_s == pytest.approx(r2.end_s, rel=1e-12)
+
+
+def test_ring_over_a_slow_hop_puts_steps_on_the_wire_in_turn_and_pays_its_latency_once() -> None:
+    """Two nodes of 4 GPUs, 2 NICs each (two channels): the two inter-node hops pace the ring, one step's
+    chunk after another over both NICs, each hop's latency paid once (the next step's latency runs while
+    the wire carries the one ahead): 14 · c/(2·B_e) + 2·α_e."""
+    w = world(2, 4, nics_per_node=2)
+    c = (1 << 24) / 8
+    r = w.run_collective_alone(coll.RingSpec(8, c, 14), list(range(8)))
+    r.join_all()
+    w.env.run()
+    assert r.end_s == pytest.approx(14 * c / (2 * INTER.bandwidth_Bps) + 2 * INTER.latency_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("late_s", [5e-6, 20e-6, 200e-6])
+def test_a_rank_that_joins_late_delays_a_ring_by_its_lateness_only(late_s: float) -> None:
+    """NCCL's connection is a FIFO: while the late rank is away its neighbours' steps wait, and once it
+    joins the ring runs as if everyone had joined then (concurrent sends sharing the wire would make the
+    awaited data arrive later than that)."""
+    def ends(late: float) -> list[float]:
+        w = world(1, 4)
+        run = w.run_collective_alone(coll.build("all_reduce", "ring", 4, 2e6), [0, 1, 2, 3])
+        out = [0.0] * 4
+
+        def rank(i: int):
+            yield w.env.timeout(late if i == 3 else 0.0)
+            yield run.join(i)
+            out[i] = w.env.now
+        for i in range(4):
+            w.env.process(rank(i))
+        w.env.run()
+        return out
+    together = max(ends(0.0))
+    assert max(ends(late_s)) == pytest.approx(together + late_s, rel=1e-9)
 
 
 def test_two_all_reduces_sharing_a_nic_take_twice_as_long() -> None:

@@ -180,9 +180,15 @@ class DagRun(CollectiveRun):
 
 class RingRun(CollectiveRun):
     """The ring of ``RingSpec``: rank i sends step k to i+1 once it received step k-1 from i-1 and
-    i+1 has joined. Like NCCL's connections (NCCL_STEPS = 8 slots, src/include/device.h) a rank may
-    have up to ``SLOTS`` sends in flight, so a slow hop's latency overlaps the data behind it instead
-    of being paid again for every step; on equal links nothing changes (each step waits for its data)."""
+    i+1 has joined.
+
+    A connection puts its steps on the wire one after another (NCCL's connection is a FIFO of NCCL_STEPS
+    = 8 slots, src/include/device.h), but a step's latency overlaps the data ahead of it: a step that was
+    ready while the previous one was still on the wire pays only what is left of its latency when the wire
+    frees (none once it waited a full latency). So a slow hop's latency is paid once, not per step, and a
+    rank that joins late by δ delays the ring by δ, not more (concurrent sends sharing the wire would make
+    the data of the step everyone waits for arrive later). On equal links nothing changes: each step waits
+    for its data."""
 
     SLOTS = RING_SLOTS
 
@@ -197,7 +203,8 @@ class RingRun(CollectiveRun):
         self._hop: list[tuple[list, float] | None] = [None] * p  # rank i's routes to i+1, and latency
         self._sent = [0] * p
         self._recvd = [0] * p
-        self._busy = [0] * p  # sends in flight
+        self._busy = [0] * p  # sends on the wire (at most one: the connection is a FIFO)
+        self._ready_at: list[float | None] = [None] * p  # when rank i's next send was ready but the wire busy
 
     def _on_join(self, i: int) -> None:
         p = self.p
@@ -210,19 +217,24 @@ class RingRun(CollectiveRun):
     def _try(self, i: int) -> None:
         k = self._sent[i]
         j = self._next[i]
-        if (
-            self._busy[i] < self.SLOTS
-            and k < self._steps
-            and self.joined[i]
-            and self._recvd[i] >= k
-            and self.joined[j]
-        ):
-            self._busy[i] += 1
-            self._sent[i] = k + 1
-            hop = self._hop[i]
-            if hop is None:
-                hop = self._hop[i] = self._route(i, j)
-            self.world.network.transfer(hop[0], self._wire_bytes, hop[1], self, i)
+        if not (k < self._steps and self.joined[i] and self._recvd[i] >= k and self.joined[j]):
+            return
+        now = self.world.env.now
+        if self._busy[i]:  # the wire is busy: the step's latency starts to run now
+            if self._ready_at[i] is None:
+                self._ready_at[i] = now
+            return
+        self._busy[i] = 1
+        self._sent[i] = k + 1
+        hop = self._hop[i]
+        if hop is None:
+            hop = self._hop[i] = self._route(i, j)
+        latency = hop[1]
+        ready = self._ready_at[i]
+        if ready is not None:
+            self._ready_at[i] = None
+            latency = max(0.0, latency - (now - ready))
+        self.world.network.transfer(hop[0], self._wire_bytes, latency, self, i)
 
     def transfer_done(self, i: int) -> None:
         j = self._next[i]

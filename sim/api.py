@@ -155,10 +155,13 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
         parallel["context_attention"] = par.context_attention or "ring"
     summary = replace(timed, microbatches=scenario.microbatches, symmetry="on" if symmetric else "off",
                       parallel=parallel)
+    if ex.variability is not None and ex.variability.speed_sigma > 0:
+        summary = replace(summary, gpu_speed_spread=ex.variability.speed_sigma,
+                          slowest_gpu_factor=ex.variability.slowest_factor())
     summary = _with_cost(_with_memory(summary, scenario, info, world.timeline), scenario)
     if scenario.reliability is not None:  # run-level failures and checkpoints (never enters the engine)
         summary = replace(summary, reliability=reliability_summary(scenario, summary, info.params_total))
-    if ex.variability is not None or len(ex.step_end_s) > 1:
+    if (ex.variability is not None and ex.variability.varies_by_step) or len(ex.step_end_s) > 1:
         assert timed.step_times_s is not None
         p = percentiles(timed.step_times_s)
         summary = replace(summary, step_time_p50_s=p["step_time_p50_s"], step_time_p90_s=p["step_time_p90_s"],
@@ -172,17 +175,20 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
 
 
 def _variability(scenario: Scenario, symmetric: bool) -> Variability | None:
-    """Seeded jitter and random stragglers for the executor, or None (every step identical)."""
+    """Each GPU's own speed, seeded jitter and random stragglers for the executor, or None (identical GPUs,
+    every step alike)."""
     c = scenario.cluster
     rs = c.random_stragglers
-    if c.jitter is None and rs is None:
-        return None
     par, _ = scenario.require_training()
-    return Variability(seed=scenario.simulation.seed,
-                       layout=Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp),
+    layout = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp)
+    # One GPU waits for nobody: it runs at the cost model's (the median GPU's) pace.
+    spread = c.gpu_speed_spread if layout.world_size > 1 else 0.0
+    if c.jitter is None and rs is None and spread <= 0:
+        return None
+    return Variability(seed=scenario.simulation.seed, layout=layout,
                        symmetric=symmetric, jitter_sigma=c.jitter.sigma if c.jitter else 0.0,
                        straggler_probability=rs.probability if rs else 0.0,
-                       straggler_slowdown=rs.slowdown if rs else 1.0)
+                       straggler_slowdown=rs.slowdown if rs else 1.0, speed_sigma=spread)
 
 
 def _with_memory(summary: Summary, scenario: Scenario, info: JobInfo, timeline: Timeline) -> Summary:

@@ -58,6 +58,9 @@ def summary_table(s: Summary) -> str:
         ("bubble (idle) fraction", f"{s.bubble_fraction:.1%}"),
         ("pipeline utilisation", f"{s.pipeline_utilisation:.1%}"),
     ]
+    if s.slowest_gpu_factor is not None and s.gpu_speed_spread:
+        rows.append(("GPU speed spread", f"σ {s.gpu_speed_spread:.2%}: the slowest of {s.num_gpus} GPUs computes "
+                                         f"×{s.slowest_gpu_factor:.3f} (cluster.gpu_speed_spread: 0 for identical GPUs)"))
     if s.mfu is not None and s.hfu is not None:
         rows.append(("MFU (model FLOPs)", f"{s.mfu:.1%} ({s.model_tflops_per_gpu:.1f} TFLOP/s per GPU)"))
         rows.append(("HFU (with recompute)", f"{s.hfu:.1%} ({s.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU)"))

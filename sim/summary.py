@@ -61,6 +61,8 @@ class Summary(Mapping[str, Any]):
     # -- training runs: layout, memory, cost --------------------------------------------------------------
     microbatches: int | None = None
     symmetry: str | None = None  # "on" / "off": whether one GPU per stage stood for its replicas
+    gpu_speed_spread: float | None = None  # σ of the GPUs' own speeds (cluster.gpu_speed_spread)
+    slowest_gpu_factor: float | None = None  # compute-time factor of the slowest GPU drawn (what the step waits for)
     parallel: dict[str, Any] | None = None
     memory_bytes: dict[str, float] | None = None  # the worst stage's breakdown (and its "stage")
     memory_by_stage: list[dict[str, Any]] | None = None

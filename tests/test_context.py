@@ -17,7 +17,7 @@ def _llama(cp: int, algorithm: str = "ring", symmetry: str = "off", **model) -> 
     par = {"data": 8 // (2 * cp), "tensor": 2}
     if cp > 1:
         par.update(context=cp, context_attention=algorithm)
-    return {"name": "cp", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM"},
+    return {"name": "cp", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM", "gpu_speed_spread": 0.0},
             "model": {"kind": "transformer", "preset": "llama3-8b", "layers": 2, "seq_len": 32768, **model},
             "parallel": par, "training": {"global_batch": 2 * par["data"]},
             "simulation": {"symmetry": symmetry}}
@@ -69,7 +69,7 @@ def test_ring_exchange_hides_behind_attention():
 
 def test_symmetric_matches_every_gpu():
     d = _llama(2)
-    d["cluster"] = {"nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"}
+    d["cluster"] = {"nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM", "gpu_speed_spread": 0.0}
     d["parallel"]["data"] = 4
     d["training"]["global_batch"] = 8
     on = simulate(scenario_from_dict({**d, "simulation": {"symmetry": "on"}})).summary

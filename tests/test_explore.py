@@ -21,7 +21,7 @@ def synthetic(name: str = "syn", **over) -> dict:
     """A 4-GPU synthetic pipeline (simulates in milliseconds)."""
     d = {
         "name": name,
-        "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+        "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB", "gpu_speed_spread": 0.0},
         "model": {"kind": "synthetic", "layers": 8, "forward_ms": 2, "params_per_layer": 1000},
         "parallel": {"data": 1, "tensor": 1, "pipeline": 4, "schedule": "1f1b"},
         "training": {"global_batch": 16, "micro_batch": 1},

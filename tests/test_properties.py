@@ -48,7 +48,7 @@ def small_scenarios(draw) -> dict:
     return {
         "name": "prop",
         "cluster": {"nodes": 1, "gpus_per_node": pipeline * data, "gpu": draw(st.sampled_from(["A100-80GB", "H100"])),
-                    "intra_node": "nvlink3"},
+                    "intra_node": "nvlink3", "gpu_speed_spread": 0.0},  # identical GPUs: symmetry is exact
         "model": {"kind": "synthetic", "layers": layers, "forward_ms": fwd,
                   "backward_ms": fwd * draw(st.floats(0.5, 3.0)),
                   "params_per_layer": draw(st.integers(0, 50_000_000)),

@@ -24,7 +24,7 @@ def test_partition_with_counts():
 
 def _synthetic(stage_layers, schedule="gpipe", m=6):
     return {
-        "name": "uneven", "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB"},
+        "name": "uneven", "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB", "gpu_speed_spread": 0.0},
         "model": {"kind": "synthetic", "layers": 8, "forward_ms": 1.0, "backward_ms": 0.0},
         "parallel": {"pipeline": 4, "schedule": schedule, "stage_layers": stage_layers},
         "training": {"global_batch": m},
@@ -55,7 +55,7 @@ def test_bad_stage_layers_are_one_line(counts, expect):
 
 def test_transformer_memory_follows_the_layout():
     base = {
-        "name": "uneven-tf", "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "A100-80GB"},
+        "name": "uneven-tf", "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "A100-80GB", "gpu_speed_spread": 0.0},
         "model": "gpt3-1.3b", "parallel": {"pipeline": 2, "stage_layers": [10, 14]},
         "training": {"global_batch": 4},
     }

@@ -129,7 +129,8 @@ class TrainingExecutor:
 
     def _slow(self, g: int, step: int = 0) -> float:
         base = self.stragglers.get(g, 1.0)
-        return base if self.variability is None else base * self.variability.step_factor(g, step)
+        var = self.variability
+        return base if var is None else base * var.gpu_factor(g) * var.step_factor(g, step)
 
     def _memory(self, g: int, delta: float) -> None:
         self._mem[g] = self._mem.get(g, 0.0) + delta

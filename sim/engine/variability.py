@@ -1,7 +1,10 @@
-"""Step-to-step variability: seeded kernel-time jitter and random stragglers, per GPU and per step.
+"""GPU-to-GPU and step-to-step variability: each GPU's own speed, seeded kernel-time jitter and random
+stragglers.
 
-Every GPU's compute block is multiplied by ``step_factor(g, step) × kernel_factor(g, step)``:
+Every GPU's compute block is multiplied by ``gpu_factor(g) × step_factor(g, step) × kernel_factor(g, step)``:
 
+- its own speed: identical GPUs of one SKU sustain different clocks under the same power cap (Sinha et
+  al., SC'22; ``cluster.gpu_speed_spread``): a persistent factor exp(σZ) of median 1, drawn once per GPU;
 - a random straggler: each GPU, each step, is slow (× ``slowdown``) with probability ``probability``,
   independently (a throttled or noisy GPU for one step; the explicit ``{gpu: factor}`` map is separate);
 - jitter: every compute block's time × a log-normal factor of mean 1, exp(σZ − σ²/2).
@@ -13,9 +16,12 @@ Symmetry. With every GPU simulated the synchronisation does the rest: a TP colle
 slowest member, the pipeline for its slowest stage, the data-parallel all-reduce for the slowest replica.
 When one GPU per pipeline stage stands for all the stage's GPUs (``symmetric``), it takes:
 
-- stragglers: the largest factor among the GPUs it stands for (its stage's data × tensor GPUs), drawn
-  from the same per-GPU draws. Exact in the limit that matters: a slow GPU holds back its TP group at every
-  layer, hence its replica's pipeline stage, hence the data-parallel sync every replica waits for;
+- stragglers and its own speed: the largest factor among the GPUs it stands for (its stage's data × tensor
+  GPUs), drawn from the same per-GPU draws. Exact in the limit that matters: a slow GPU holds back its TP
+  group at every layer, hence its replica's pipeline stage, hence the data-parallel sync every replica
+  waits for. (With every GPU simulated only the slow GPU's replica has that stage slow; the pipeline's
+  steady state runs at its slowest stage either way, so mostly the fill and drain differ: 0.8 % of the
+  step on the 64-GPU check in tests/test_variability.py);
 - jitter: each block draws a factor for every member of its TP group; the members' times since the last TP
   collective add up, and a block that ends in one lasts until the slowest member arrives (what the
   rendezvous does when every GPU is simulated). Replicas' sums over the many blocks of a step differ by
@@ -31,24 +37,53 @@ import numpy as np
 
 from sim.parallel.layout import Layout
 
-_STRAGGLER, _JITTER = 1, 2  # stream ids in the seed key
+_STRAGGLER, _JITTER, _SPEED = 1, 2, 3  # stream ids in the seed key
 _BATCH = 512  # jitter draws taken at a time per (GPU, step)
 
 
 class Variability:
     def __init__(self, *, seed: int, layout: Layout, symmetric: bool, jitter_sigma: float = 0.0,
-                 straggler_probability: float = 0.0, straggler_slowdown: float = 1.0):
+                 straggler_probability: float = 0.0, straggler_slowdown: float = 1.0, speed_sigma: float = 0.0):
         self.seed = seed & 0xFFFF_FFFF_FFFF_FFFF  # SeedSequence keys must be non-negative
         self.layout = layout
         self.symmetric = symmetric
         self.sigma = jitter_sigma
         self.p = straggler_probability
         self.slowdown = straggler_slowdown
+        self.speed_sigma = speed_sigma
+        self._speed: np.ndarray | None = None  # time factor per GPU (per stage when symmetric)
         self._slow_steps: dict[int, np.ndarray] = {}
         self._stage_slow: dict[tuple[int, int], float] = {}
         self._jit: dict[int, tuple[int, int, np.ndarray, int]] = {}
         self._lag: dict[int, np.ndarray | float] = {}
         self._group = layout.tp if symmetric else 1
+
+    @property
+    def varies_by_step(self) -> bool:
+        """Whether steps differ from one another (jitter or random stragglers; a GPU's own speed does not)."""
+        return self.sigma > 0 or self.p > 0
+
+    # ---- each GPU's own speed ---------------------------------------------------------------------
+    def speed_factors(self) -> np.ndarray:
+        """Time factor exp(σZ) of every GPU (median 1), drawn once from the seed: the same GPU is as slow
+        in every step."""
+        rng = np.random.default_rng([self.seed, _SPEED])
+        return np.exp(self.speed_sigma * rng.standard_normal(self.layout.world_size))
+
+    def gpu_factor(self, g: int) -> float:
+        """GPU g's own time factor; symmetric: the slowest among the GPUs of the stage g stands for."""
+        if self.speed_sigma <= 0:
+            return 1.0
+        if self._speed is None:
+            f = self.speed_factors()
+            if self.symmetric:  # ranks of stage s are s·d·t … (s+1)·d·t − 1 (pipeline outermost)
+                f = f.reshape(self.layout.pp, -1).max(axis=1)
+            self._speed = f
+        return float(self._speed[self.layout.coords(g)[2] if self.symmetric else g])
+
+    def slowest_factor(self) -> float:
+        """The slowest GPU's time factor: what a synchronous step waits for."""
+        return float(self.speed_factors().max()) if self.speed_sigma > 0 else 1.0
 
     # ---- stragglers ------------------------------------------------------------------------------
     def slow_gpus(self, step: int) -> np.ndarray:
@@ -122,3 +157,15 @@ def percentiles(step_times_s: list[float]) -> dict[str, float]:
 def expected_slow_fraction(probability: float, gpus: int) -> float:
     """Chance that at least one of ``gpus`` GPUs straggles in a step: 1 − (1 − p)^N."""
     return -math.expm1(gpus * math.log1p(-probability)) if probability < 1 else 1.0
+
+
+def expected_slowest(sigma: float, gpus: int) -> float:
+    """Expected time factor of the slowest of ``gpus`` GPUs whose factors are exp(σZ): exp(σ·E[max Z]),
+    with Blom's approximation E[max of n normals] ≈ Φ⁻¹((n − 0.375)/(n + 0.25)) (0.59 against the exact 0.56
+    at n = 2, within 0.012 from n = 8 on: 1.43 at 8, 3.2 at 1,024). For the plan's screen, which does not
+    draw."""
+    if sigma <= 0 or gpus <= 1:
+        return 1.0
+    from statistics import NormalDist
+
+    return math.exp(sigma * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25)))

@@ -24,6 +24,7 @@ from sim import memory as mem
 from sim.build import build_job, cost_model_for, topology_for
 from sim.engine import algorithms as alg
 from sim.engine.job import Block
+from sim.engine.variability import expected_slowest
 from sim.errors import ScenarioError
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
@@ -164,6 +165,9 @@ class Estimator:
         self.overlap_grad_sync = par.overlap_grad_sync
         self.capacity = scenario.gpu.memory_bytes
         self.comm_slowdown = scenario.gpu.comm_compute_slowdown
+        # Synchronous training runs at its slowest GPU's pace: compute × the expected slowest factor of the
+        # cluster's GPUs (the simulation draws them; see sim.engine.variability).
+        self.slowest = expected_slowest(c.gpu_speed_spread, c.total_gpus)
         # Topologies as the simulation builds them (calibrated α/B applied), with only as many nodes as
         # a group spans: groups are priced on their rank pattern moved to the first nodes (same local
         # GPU indices, so the same NICs), so a screen of a huge cluster never builds it.
@@ -234,15 +238,16 @@ class Estimator:
                       + accumulate_block(cost, emb_params, gb, eb, ks, force=True))
         head_blocks = (blocks(cost, head.forward, host_s=host) + blocks(cost, head.backward_input, host_s=host)
                        + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb))
+        k = self.slowest
         return _LayerTimes(
-            fwd=_dur(fwd),
-            bwd=_dur(bwd) + _dur(wgt),
-            recompute=_dur(recompute),
+            fwd=k * _dur(fwd),
+            bwd=k * (_dur(bwd) + _dur(wgt)),
+            recompute=k * _dur(recompute),
             tp_fwd=comm(fwd),
             tp_bwd=comm(bwd),
             tp_recompute=comm(recompute),
-            emb=_dur(emb_blocks) + comm(emb_blocks),
-            head=_dur(head_blocks) + comm(head_blocks),
+            emb=k * _dur(emb_blocks) + comm(emb_blocks),
+            head=k * _dur(head_blocks) + comm(head_blocks),
         )
 
     # ---- memory ---------------------------------------------------------------------------------
@@ -297,7 +302,8 @@ class Estimator:
         stage_t = [n * per_layer for n in layers]
         tokens_bytes = 2 * b * d.seq_len * 8  # int64 tokens and labels, as sim.build loads them
         act_dtype = storage_dtype(self.precision)
-        stage_t[0] += lt.emb + tokens_bytes / H2D_Bps + self.cost.op_time_s(elementwise("h2d", 0.0, act_dtype))
+        stage_t[0] += lt.emb + self.slowest * (tokens_bytes / H2D_Bps
+                                             + self.cost.op_time_s(elementwise("h2d", 0.0, act_dtype)))
         stage_t[-1] += lt.head
         # Pipeline send/recv of one micro-batch's activation between stage peers (t·dp ranks apart).
         activation = b * d.seq_len * d.hidden * eb
@@ -369,12 +375,12 @@ class Estimator:
         opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.training.optimizer,
                                        params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb)
         mp_group = lay.mp_group(0)
-        tail += opt.dur_s
+        tail += self.slowest * opt.dur_s
         if self.training.loss_scaling.kind != "none":
             _, unscale = optimizer_block(self.cost, self.scenario_for(c), held)
-            tail += (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
+            tail += self.slowest * (unscale.dur_s if unscale else 0.0) + self.collective_s("all_reduce", "mp", mp_group, 4.0)
         if self.training.grad_clip is not None:
-            tail += clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
+            tail += self.slowest * clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
             if c.zero >= 1:
                 tail += self.collective_s("all_reduce", "dp", dp_group, 4.0)
         step = pipe + dp_exposed + tail

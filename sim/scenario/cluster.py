@@ -26,6 +26,15 @@ from sim.scenario.base import (
     show,
 )
 
+# σ of a GPU's sustained speed across the GPUs of one cluster, same SKU. Sinha et al., "Not All GPUs Are
+# Created Equal: Characterizing Variability in Large-Scale, Accelerator-Rich Systems" (SC'22, arXiv:2208.11035)
+# measured 8 % average performance variation over >90 % of the GPUs of five clusters (V100, MI60; max 22 %,
+# outliers beyond up to 1.5× slower than the median). Their artifact (github.com/hal-uw/
+# gpu_variability_sc22_artifact, plot_script/plot_aggregated.py) defines variation as the Tukey-fence range
+# over the median, (Q3 + 1.5·IQR − (Q1 − 1.5·IQR)) / Q2 = 4·IQR/Q2; for a normal spread IQR = 1.349 σ, so
+# 8 % ⇒ σ = 0.08 / (4 × 1.349) = 1.48 %. The outliers are left out: operators retire such GPUs.
+DEFAULT_GPU_SPEED_SPREAD = 0.08 / (4 * 1.349)
+
 
 def gpu_from(value: Any) -> Any:
     """A GPU preset name → its GPUSpec; anything else passes through to GPUSpec validation."""
@@ -134,6 +143,12 @@ class Cluster(_Strict):
     )
     jitter: Jitter | None = Field(
         None, description="kernel-time noise {kind: lognormal, sigma}; null = every step identical"
+    )
+    gpu_speed_spread: float = Field(
+        DEFAULT_GPU_SPEED_SPREAD, ge=0, le=0.2,
+        description="σ of each GPU's own, persistent compute speed across the GPUs of the cluster (power "
+        "management and manufacturing make identical SKUs run at different sustained clocks); synchronous "
+        "training waits for the slowest. Default 0.0148 from Sinha et al., SC'22; 0 = identical GPUs",
     )
     in_network_reduction: bool = Field(
         False,

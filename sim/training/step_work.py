@@ -118,9 +118,15 @@ def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, k
                       force: bool = False) -> tuple[Block, ...]:
     """The per-micro-batch ``main_grad.add_(grad)`` pass: read the new gradient and the accumulator, write
     the accumulator. Absent when the wgrad GEMM accumulates in place (gradient-accumulation fusion),
-    unless ``force`` (parameters the fusion does not cover, e.g. embeddings)."""
+    unless ``force`` (parameters the fusion does not cover, e.g. embeddings). DeepSpeed's bf16 optimizer
+    casts the gradient into an fp32 temporary first (``grad_accum_via_temporary``): two kernels, and the
+    temporary is written and read back."""
     if params <= 0 or (ks.gradient_accumulation_fusion and not force):
         return ()
+    if ks.grad_accum_via_temporary and gbytes > ebytes:
+        ops = [elementwise("grad to fp32 temporary", params * (ebytes + gbytes), "fp32"),
+               elementwise("main_grad accumulate", params * 3 * gbytes, "fp32", flops=params)]
+        return (Block("grad accumulation", sum(cost.op_time_s(op) for op in ops), category=GRAD_ACCUM),)
     op = elementwise("main_grad accumulate", params * (ebytes + 2 * gbytes), "fp32", flops=params)
     return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
 

@@ -29,7 +29,11 @@ Sources (public code, read at the period named):
   (``is_pipe_partitioned = is_grad_partitioned = is_model_parallel``; the receiver rebuilds them with
   ``PartitionedTensor.full()``, an all-gather), and with bf16 its ``_exec_reduce_grads`` calls
   ``_bf16_reduce_grads`` → ``buffered_allreduce_fallback``: a full all-reduce of the fp32 gradients
-  even under ZeRO-1 (the optimizer then updates its 1/d shard and all-gathers the parameters).
+  even under ZeRO-1 (the optimizer then updates its 1/d shard and all-gathers the parameters). Its
+  ``BF16_Optimizer.update_hp_grads`` (deepspeed/runtime/bf16_optimizer.py, "bf16+pipeline parallelism",
+  April 2022), called after every micro-batch's backward, runs
+  ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``: the cast writes an fp32 temporary that the add
+  reads back, 2 + 4 + 4 + 4 + 4 = 18 bytes per parameter where Megatron's ``main_grad.add_(grad)`` moves 10.
 - transformer-engine: Megatron-Core with NVIDIA Transformer Engine (2024-): fused attention (cuDNN /
   FlashAttention kernels), fused bias/activation/dropout/residual and norm kernels, wgrad GEMMs
   accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
@@ -56,6 +60,7 @@ class KernelSet:
     blocking_p2p: bool  # pipeline sends complete before the sender computes on
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
     zero1_grad_all_reduce: bool = False  # bf16 + ZeRO-1: gradients all-reduced in full, not reduce-scattered
+    grad_accum_via_temporary: bool = False  # the accumulation casts the 16-bit gradient into an fp32 temporary first
     description: str = ""
     # Host time to dispatch one operator in PyTorch eager mode (Python, dispatcher, launch): a few µs to
     # ~10 µs (H. He, "Making Deep Learning Go Brrrr From First Principles", 2022, §Overhead). Kernels
@@ -83,7 +88,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
-            blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True,
+            blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
         KernelSet(

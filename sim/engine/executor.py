@@ -62,7 +62,8 @@ class TrainingExecutor:
     def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
                  variability: Variability | None = None):
         self.world = world
-        self.variability = variability  # seeded per-step stragglers and kernel jitter (None: none)
+        self.variability = variability  # each GPU's own speed, per-step stragglers, kernel jitter (None: none)
+        self._jitter = variability if variability is not None and variability.sigma > 0 else None
         self.env = world.env
         self.job = job
         self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp)
@@ -314,7 +315,7 @@ class TrainingExecutor:
         env, world = self.env, self.world
         step = args.get("step", 0)
         slow = self._slow(g, step)
-        var = self.variability
+        var = self._jitter
         for b in blocks:
             if b.comm == "ring@cp" and len(self._group(g, "cp")) > 1:  # context parallelism: ring attention
                 yield from self._ring(g, b, category, args, prefix)
@@ -347,7 +348,7 @@ class TrainingExecutor:
     def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):
         """Ring attention over g's CP group: ``b`` (one K/V block's attention) runs once per member; while
         it runs, the block moves one GPU along the ring (i → i+1; both ways for two GPUs) for the next."""
-        env, world, var = self.env, self.world, self.variability
+        env, world, var = self.env, self.world, self._jitter
         n = len(self._group(g, "cp"))
         op, size = ("all_to_all", 2 * b.comm_bytes) if n == 2 else ("send_recv", b.comm_bytes)
         step = args.get("step", 0)

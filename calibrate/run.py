@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate.collectives import format_table, run_in_process, run_local, unmeasurable
@@ -134,20 +134,20 @@ def run_calibration(
     """
     launched = torchrun_env()
     rank = launched[0] if launched else 0
-    if opts.device == "cpu" and config.name == "quick" and GEMM in opts.sections and not launched:
+    # Finished sections of the profile being resumed (every torchrun rank reads the same file).
+    done: set[str] = finished_sections(load_profile(opts.out)) if opts.resume and opts.out.exists() else set()
+    todo = [s for s in SECTIONS if s in opts.sections and s not in done]
+    gemm_config = config
+    if opts.device == "cpu" and config.name == "quick" and GEMM in todo and not launched:
         # Size the GEMM sweep to this CPU (calibrate.probe); under torchrun every rank would probe its own
-        # speed and the ranks' sweeps would differ, so launched runs keep the sweep as configured.
+        # speed and the ranks' sweeps would differ, so launched runs keep the sweep as configured. The probe
+        # may take fewer timing passes for the GEMMs; the other sections keep the configured ones.
         from calibrate.probe import describe, size_cpu_sweep
 
-        config = size_cpu_sweep(config, cpu_threads_per_device(opts.world))
-        note(describe(config))
+        gemm_config = size_cpu_sweep(config, cpu_threads_per_device(opts.world))
+        note(describe(gemm_config))
+        config = replace(gemm_config, timing=config.timing)
     profile = _start_profile(opts, config, argv) if rank == 0 else None
-    done: set[str] = set()
-    if opts.resume and profile is not None:
-        done = finished_sections(profile)
-    elif opts.resume and opts.out.exists():  # other torchrun ranks read the same file (shared filesystem)
-        done = finished_sections(load_profile(opts.out))
-    todo = [s for s in SECTIONS if s in opts.sections and s not in done]
     if rank == 0:
         for name in sorted(set(opts.sections) & done):
             note(f"{name}: already in {opts.out}, skipped (--resume)")
@@ -159,7 +159,7 @@ def run_calibration(
         if rank == 0:
             note(f"{name}: measuring on {opts.device} ({config.name} sweep)")
         t0 = time.perf_counter()
-        section = _measure(name, opts, config, fault)
+        section = _measure(name, opts, gemm_config if name == GEMM else config, fault)
         if section is None or profile is None:
             continue
         record_section(profile, name, section, time.perf_counter() - t0)

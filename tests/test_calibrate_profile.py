@@ -157,3 +157,43 @@ def test_without_resume_everything_is_measured_again(tmp_path, monkeypatch):
     run_calibration(opts, tiny_config(), [])
     run_calibration(opts, tiny_config(), [])
     assert calls == [GEMM, MEMORY, GEMM, MEMORY]
+
+
+def test_quick_cpu_probe_sizes_the_gemms_only_and_not_on_a_resume_that_has_them(tmp_path, monkeypatch):
+    """The speed probe's fewer timing passes apply to the GEMM sweep alone (the memory section keeps the
+    configured passes), and a --resume whose profile already holds the GEMMs does not probe at all."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    import calibrate.probe as probe_mod
+    from calibrate.config import make_config
+
+    probed: list[int] = []
+
+    def fake_size(config, threads, budget_s=probe_mod.GEMM_BUDGET_S, rates=None):
+        probed.append(threads)
+        n = len(config.gemm_shapes)
+        return replace(config, timing=replace(config.timing, passes=1), probe={
+            "gemm_flops_per_s": {"fp32": 1e10}, "gemm_budget_s": budget_s, "gemm_predicted_s": 1.0, "passes": 1,
+            "gemm_shapes_kept": n, "gemm_shapes_planned": n})
+
+    seen: dict[str, int] = {}
+    fake = _fake_measure([])
+
+    def measure(name, opts, config, fault):
+        seen[name] = config.timing.passes
+        return fake(name, opts, config, fault)
+
+    monkeypatch.setattr(probe_mod, "size_cpu_sweep", fake_size)
+    monkeypatch.setattr(run_mod, "_measure", measure)
+    quick = make_config("cpu", quick=True)
+    assert quick.timing.passes > 1
+    out = tmp_path / "p.json"
+    run_calibration(CalibrationOptions(device="cpu", world=2, out=out, sections=(GEMM, MEMORY)), quick, [])
+    assert probed and seen == {GEMM: 1, MEMORY: quick.timing.passes}
+    assert load_profile(out)["run"]["sweep_config"]["timing"]["passes"] == quick.timing.passes
+
+    probed.clear()
+    seen.clear()
+    run_calibration(CalibrationOptions(device="cpu", world=2, out=out, resume=True), quick, ["--resume"])
+    assert probed == [] and set(seen) == {COLLECTIVES}

@@ -158,21 +158,27 @@ def test_ring_over_a_slow_hop_puts_steps_on_the_wire_in_turn_and_pays_its_latenc
     assert r.end_s == pytest.approx(14 * c / (2 * INTER.bandwidth_Bps) + 2 * INTER.latency_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("late_s", [5e-6, 20e-6, 200e-6])
-def test_a_rank_that_joins_late_delays_a_ring_by_its_lateness_only(late_s: float) -> None:
+@pytest.mark.parametrize("late_s", [5e-6, 50e-6, 200e-6])
+@pytest.mark.parametrize("algorithm,nodes,per_node,size", [("ring", 1, 4, 2e6), ("hierarchical", 4, 2, 8e6)])
+def test_a_rank_that_joins_late_delays_a_ring_by_its_lateness_only(late_s: float, algorithm: str, nodes: int,
+                                                                   per_node: int, size: float) -> None:
     """NCCL's connection is a FIFO: while the late rank is away its neighbours' steps wait, and once it
     joins the ring runs as if everyone had joined then (concurrent sends sharing the wire would make the
-    awaited data arrive later than that)."""
+    awaited data arrive later than that). The same for the rings of the hierarchical all-reduce's DAG."""
+    p = nodes * per_node
+
     def ends(late: float) -> list[float]:
-        w = world(1, 4)
-        run = w.run_collective_alone(coll.build("all_reduce", "ring", 4, 2e6), [0, 1, 2, 3])
-        out = [0.0] * 4
+        w = world(nodes, per_node)
+        spec = coll.build("all_reduce", algorithm, p, size,
+                          ranks_by_node=[list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)])
+        run = w.run_collective_alone(spec, list(range(p)))
+        out = [0.0] * p
 
         def rank(i: int):
-            yield w.env.timeout(late if i == 3 else 0.0)
+            yield w.env.timeout(late if i == p - 1 else 0.0)
             yield run.join(i)
             out[i] = w.env.now
-        for i in range(4):
+        for i in range(p):
             w.env.process(rank(i))
         w.env.run()
         return out

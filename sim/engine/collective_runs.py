@@ -16,7 +16,7 @@ import numpy as np
 import simpy
 
 from sim.engine.collective_algorithms import InNetworkSpec, PhasedSpec, RingSpec, Spec
-from sim.engine.transfer_graphs import DAG, RING_SLOTS
+from sim.engine.transfer_graphs import DAG
 from sim.hardware.nccl import IN_NETWORK_LATENCY_US, PROTOCOL_BW_FRACTION
 
 
@@ -189,8 +189,6 @@ class RingRun(CollectiveRun):
     rank that joins late by δ delays the ring by δ, not more (concurrent sends sharing the wire would make
     the data of the step everyone waits for arrive later). On equal links nothing changes: each step waits
     for its data."""
-
-    SLOTS = RING_SLOTS
 
     def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
                  protocol: str = "Simple", launch_s: float = 0.0):

@@ -108,13 +108,13 @@ def _sequence(first: DAG, second: DAG, p: int) -> DAG:
     )
 
 
-RING_SLOTS = 8  # NCCL_STEPS (src/include/device.h): sends a connection may have in flight
-
-
 def ring(p: int, chunk_bytes: float, steps: int) -> DAG:
     """``steps`` ring steps; at step k rank i sends one chunk to i+1, after receiving step k-1 from i-1
-    (and once its send of step k-8 finished: NCCL's 8 slots). All-reduce: 2(p-1) steps of N/p; RS/AG:
-    p-1 steps of N/p."""
+    and once its own send of step k-1 is done (NCCL's connection puts its steps on the wire in turn: were
+    they concurrent, a rank joining late would cost the ring more than its lateness). On the equal links
+    of the rings a DAG builds (within a node, or between nodes) each step waits for its data anyway; the
+    latency overlap over a slow hop is ``RingRun``'s. All-reduce: 2(p-1) steps of N/p; RS/AG: p-1 steps
+    of N/p."""
     if p < 2 or steps == 0:
         return DAG.empty()
     i = np.tile(np.arange(p), steps)
@@ -123,10 +123,8 @@ def ring(p: int, chunk_bytes: float, steps: int) -> DAG:
     t = k * p + i
     later = k >= 1
     tl, kl, il = t[later], k[later], i[later]
-    slots = RING_SLOTS
-    old = k >= slots  # at most ``slots`` sends of a rank in flight (NCCL's connection slots)
-    edge_from = np.concatenate([(kl - 1) * p + (il - 1) % p, (k[old] - slots) * p + i[old]])
-    edge_to = np.concatenate([tl, t[old]])
+    edge_from = np.concatenate([(kl - 1) * p + (il - 1) % p, (kl - 1) * p + il])
+    edge_to = np.concatenate([tl, tl])
     return DAG(src, dst, np.full(len(t), float(chunk_bytes)), edge_from, edge_to)
 
 

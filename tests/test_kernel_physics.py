@@ -139,19 +139,25 @@ def test_megatron_2021_step_puts_every_piece_of_work_on_the_timeline() -> None:
     assert emb[0].args["bytes"] == math.ceil(32000 / 2) * 1024 * 4
 
 
-def test_megatron_step_work_by_hand() -> None:
-    """Grad accumulation moves 2 + 4 + 4 bytes per layer parameter per micro-batch; the optimizer step
-    28 (Adam) + 6 (copy to bf16) + 4 (zero main_grad) bytes per parameter; at the reference bandwidth."""
-    sc = _megatron()
+def _accumulation_by_hand(sc) -> tuple[float, float, float, object, object]:
+    """(seconds of the grad-accumulation block of a stage-1 layer, that layer's parameters per TP rank,
+    the reference memory bandwidth, the job, its info) for ``sc``."""
     cost = cost_model_for(sc)
     job, info = build_job(sc, cost)
-    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
     d = sc.model
     layer_params = tf.layer_params(tf.TransformerDims(layers=d.layers, hidden=d.hidden, heads=d.heads,
                                                       ffn_hidden=d.ffn_hidden, vocab=d.vocab,
                                                       seq_len=d.seq_len)) / 2
     acc = next(b for b in job.chunks[1].layers[0].weight if b.category == GRAD_ACCUM)
-    assert acc.dur_s == pytest.approx(layer_params * 10 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+    return acc.dur_s, layer_params, sc.gpu.memory_bw_Bps * cost.reference.memory_fraction, job, info
+
+
+def test_megatron_step_work_by_hand() -> None:
+    """Grad accumulation moves 2 + 4 + 4 bytes per layer parameter per micro-batch; the optimizer step
+    28 (Adam) + 6 (copy to bf16) + 4 (zero main_grad) bytes per parameter; at the reference bandwidth."""
+    sc = _megatron()
+    acc_s, layer_params, bw, job, info = _accumulation_by_hand(sc)
+    assert acc_s == pytest.approx(layer_params * 10 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
     params = max(x["weights"] for x in info.memory_by_stage) / 2  # bf16 weights: 2 bytes each
     expect = params * (28 + 6 + 4) / bw + 3 * sc.gpu.kernel_launch_s
     assert job.optimizer.dur_s == pytest.approx(expect, rel=1e-9)
@@ -163,15 +169,8 @@ def test_deepspeed_bf16_accumulation_goes_through_an_fp32_temporary() -> None:
     bytes per parameter, the add reads the temporary and the accumulator and writes the accumulator
     (12): 18 bytes and two kernels, against Megatron's 10 and one."""
     sc = _megatron(training__kernels="megatron-deepspeed-2022", training__precision="bf16")
-    cost = cost_model_for(sc)
-    job, _ = build_job(sc, cost)
-    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
-    d = sc.model
-    layer_params = tf.layer_params(tf.TransformerDims(layers=d.layers, hidden=d.hidden, heads=d.heads,
-                                                      ffn_hidden=d.ffn_hidden, vocab=d.vocab,
-                                                      seq_len=d.seq_len)) / 2
-    acc = next(b for b in job.chunks[1].layers[0].weight if b.category == GRAD_ACCUM)
-    assert acc.dur_s == pytest.approx(layer_params * 18 / bw + 2 * sc.gpu.kernel_launch_s, rel=1e-9)
+    acc_s, layer_params, bw, _, _ = _accumulation_by_hand(sc)
+    assert acc_s == pytest.approx(layer_params * 18 / bw + 2 * sc.gpu.kernel_launch_s, rel=1e-9)
 
 
 def test_gradient_accumulation_fusion_removes_the_pass() -> None:

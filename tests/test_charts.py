@@ -368,9 +368,9 @@ def test_bubble_vs_m_says_why_simulated_points_sit_above_the_closed_form() -> No
 def test_vectorised_blocks_and_gaps_match_the_span_by_span_definitions() -> None:
     import random
 
+    from sim.engine.span_table import span_table
     from sim.outputs.bubble import _row_gaps
     from sim.outputs.gantt import GanttRow, merge_pipeline_blocks, merged_blocks, row_of_spans
-    from sim.outputs.span_table import span_table
 
     rng = random.Random(3)
     t = Timeline()

@@ -59,3 +59,23 @@ def test_an_unknown_summary_key_is_refused():
     s = simulate(scenario_from_dict(COLLECTIVE)).summary
     with pytest.raises(TypeError, match="no_such_figure"):
         Summary.from_dict({**s.to_dict(), "no_such_figure": 1.0})
+
+
+def test_per_gpu_breakdown_by_hand():
+    """GPU 0 computes [0, 2] and [3, 5] with a collective in flight over [1, 4]: busy 4 s, communication
+    3 s of which 2 s overlap compute, so 1 s exposed, and 1 s idle in a 6 s window. GPU 1 computes [0, 1],
+    communicates over [1, 3] (all exposed) and idles 3 s. A zero-length span and a communication span on
+    the compute stream that is no compute category count as what their category says."""
+    from sim.engine.timeline import COMM_TP, FORWARD, STREAM_COMM, STREAM_COMPUTE, Span, Timeline
+    from sim.metrics import breakdown_by_gpu
+
+    tl = Timeline(gpus=[0, 1])
+    for gpu, stream, cat, start, dur in [(0, STREAM_COMPUTE, FORWARD, 0, 2), (0, STREAM_COMPUTE, FORWARD, 3, 2),
+                                         (0, STREAM_COMM, COMM_TP, 1, 3), (0, STREAM_COMPUTE, FORWARD, 5.5, 0),
+                                         (1, STREAM_COMPUTE, FORWARD, 0, 1), (1, STREAM_COMPUTE, COMM_TP, 1, 2)]:
+        tl.add(Span(gpu, stream, "x", cat, float(start), float(dur), {}))
+    out = breakdown_by_gpu(tl, [0, 1], 0.0, 6.0)
+    assert out[0] == pytest.approx({"compute_s": 4.0, "exposed_comm_s": 1.0, "comm_s": 3.0, "idle_s": 1.0})
+    assert out[1] == pytest.approx({"compute_s": 1.0, "exposed_comm_s": 2.0, "comm_s": 2.0, "idle_s": 3.0})
+    clipped = breakdown_by_gpu(tl, [0], 1.5, 3.5)[0]  # the window cuts the spans
+    assert clipped == pytest.approx({"compute_s": 1.0, "exposed_comm_s": 1.0, "comm_s": 2.0, "idle_s": 0.0})

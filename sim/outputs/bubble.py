@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullLocator, PercentFormatter, ScalarFormatter
 
+from sim.engine.span_table import span_table
 from sim.engine.timeline import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -39,7 +40,6 @@ from sim.outputs.gantt import (
     row_of_spans,
     stages_of,
 )
-from sim.outputs.span_table import span_table
 from sim.summary import SummaryView
 
 FIG_WIDTH_IN = 13.0

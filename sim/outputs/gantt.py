@@ -15,10 +15,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from sim.engine.span_table import NO_MICROBATCH, SpanTable, span_table
 from sim.engine.timeline import FORWARD, STREAM_COMPUTE, Span, Timeline
 from sim.outputs import style
 from sim.outputs.dense import WIDE_PX, DenseLayer
-from sim.outputs.span_table import NO_MICROBATCH, SpanTable, span_table
 
 FIG_WIDTH_IN = 14.0
 MIN_LABEL_PT = 5.0  # smaller micro-batch numbers are unreadable; leave those blocks blank

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sim.outputs.span_table import span_table
+from sim.engine.span_table import span_table
 from sim.outputs.timeline_meta import FILE as TIMELINE_META
 from sim.outputs.timeline_meta import timeline_meta_json
 from sim.outputs.writers import (

@@ -19,8 +19,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from sim.engine.span_table import span_table
 from sim.engine.timeline import Timeline
-from sim.outputs.span_table import span_table
 
 
 def _umask() -> int:

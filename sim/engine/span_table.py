@@ -1,4 +1,5 @@
-"""The Timeline's spans as numpy columns, built in one pass and shared by the charts and the writers.
+"""The Timeline's spans as numpy columns, built in one pass and shared by the summary, the charts and the
+writers.
 
 A large run holds ~10⁵–10⁶ spans; per-span Python work in every chart and writer is what made the outputs
 cost many times the simulation. One pass turns them into arrays (times, GPU, stream, category, micro-batch,

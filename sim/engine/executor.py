@@ -68,13 +68,16 @@ class TrainingExecutor:
         self.job = job
         self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp)
         self.symmetric = symmetric
-        self.stragglers = stragglers or {}
         topo = world.topology
         if symmetric:
             self.gpus = [self.layout.rank(0, 0, s) for s in range(job.pp)]
         else:
             self.gpus = list(range(self.layout.world_size))
         self._simulated = set(self.gpus)
+        # Each simulated GPU's fixed slow-down (explicit straggler × its own speed), looked up per block
+        # group on the hot path instead of recomputed there.
+        self._own_factor = {g: (stragglers or {}).get(g, 1.0) * (variability.gpu_factor(g) if variability else 1.0)
+                            for g in self.gpus}
         self.schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.virtual_stages)
         self._events: dict[tuple, simpy.Event] = {}
         self._waiting: dict[int, str] = {}
@@ -129,9 +132,9 @@ class TrainingExecutor:
         return s
 
     def _slow(self, g: int, step: int = 0) -> float:
-        base = self.stragglers.get(g, 1.0)
+        base = self._own_factor[g]
         var = self.variability
-        return base if var is None else base * var.gpu_factor(g) * var.step_factor(g, step)
+        return base if var is None else base * var.step_factor(g, step)
 
     def _memory(self, g: int, delta: float) -> None:
         self._mem[g] = self._mem.get(g, 0.0) + delta

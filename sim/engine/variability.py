@@ -51,7 +51,7 @@ class Variability:
         self.p = straggler_probability
         self.slowdown = straggler_slowdown
         self.speed_sigma = speed_sigma
-        self._speed: np.ndarray | None = None  # time factor per GPU (per stage when symmetric)
+        self._speed: np.ndarray | None = None  # every GPU's own time factor, once drawn
         self._slow_steps: dict[int, np.ndarray] = {}
         self._stage_slow: dict[tuple[int, int], float] = {}
         self._jit: dict[int, tuple[int, int, np.ndarray, int]] = {}
@@ -67,19 +67,21 @@ class Variability:
     def speed_factors(self) -> np.ndarray:
         """Time factor exp(σZ) of every GPU (median 1), drawn once from the seed: the same GPU is as slow
         in every step."""
-        rng = np.random.default_rng([self.seed, _SPEED])
-        return np.exp(self.speed_sigma * rng.standard_normal(self.layout.world_size))
+        if self._speed is None:
+            rng = np.random.default_rng([self.seed, _SPEED])
+            self._speed = np.exp(self.speed_sigma * rng.standard_normal(self.layout.world_size))
+        return self._speed
 
     def gpu_factor(self, g: int) -> float:
-        """GPU g's own time factor; symmetric: the slowest among the GPUs of the stage g stands for."""
+        """GPU g's own time factor; symmetric: the slowest among the GPUs of the stage g stands for (ranks of
+        stage s are s·d·t … (s+1)·d·t − 1: pipeline outermost)."""
         if self.speed_sigma <= 0:
             return 1.0
-        if self._speed is None:
-            f = self.speed_factors()
-            if self.symmetric:  # ranks of stage s are s·d·t … (s+1)·d·t − 1 (pipeline outermost)
-                f = f.reshape(self.layout.pp, -1).max(axis=1)
-            self._speed = f
-        return float(self._speed[self.layout.coords(g)[2] if self.symmetric else g])
+        f = self.speed_factors()
+        if not self.symmetric:
+            return float(f[g])
+        stage = self.layout.coords(g)[2]
+        return float(f.reshape(self.layout.pp, -1)[stage].max())
 
     def slowest_factor(self) -> float:
         """The slowest GPU's time factor: what a synchronous step waits for."""

@@ -38,6 +38,7 @@ from sim.training.step_work import (
     op_block,
     optimizer_block,
     weight_blocks,
+    zero1_all_reduces_grads,
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
@@ -350,7 +351,7 @@ class Estimator:
                     dp_exposed = sync + after
             else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward
                 # (DeepSpeed's pipeline engine all-reduces bf16 models' fp32 gradients even under ZeRO-1)
-                whole = c.zero == 0 or (ks.zero1_grad_all_reduce and self.precision in ("bf16", "fp8"))
+                whole = c.zero == 0 or zero1_all_reduces_grads(ks, self.precision)
                 op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
                 after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero == 1 else 0.0

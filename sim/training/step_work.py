@@ -105,6 +105,12 @@ def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     return grad_elem_bytes(precision)
 
 
+def zero1_all_reduces_grads(ks: KernelSet, precision: str) -> bool:
+    """Whether the stack all-reduces the whole (fp32) gradients even under ZeRO-1: DeepSpeed's pipeline
+    engine with bf16 (``_bf16_reduce_grads``; see ``sim.workload.kernels``)."""
+    return ks.zero1_grad_all_reduce and precision in ("bf16", "fp8")
+
+
 def reduced_grad_bytes(scenario: Scenario) -> int:
     """Bytes per gradient element the data-parallel sync moves for ``scenario``: transformers run a
     Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""

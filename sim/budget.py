@@ -75,9 +75,11 @@ def _collective_steps(op: str, algorithm: str, g: int) -> tuple[float, float]:
     return 2.0 * g * (g - 1), 2.0 * (g - 1)  # ring all-reduce (and the upper end of the rest)
 
 
-def _collective_cost(op: str, algorithm: str, g: int) -> float:
+def _collective_cost(op: str, algorithm: str, g: int, lockstep: bool = True) -> float:
+    """Events of one collective; ``lockstep`` False when its ranks arrive apart (every GPU simulated, each
+    at its own pace): then each transfer starts and ends at its own instant, one rate update apiece."""
     transfers, steps = _collective_steps(op, algorithm, g)
-    return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * steps
+    return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * (steps if lockstep else transfers)
 
 
 def _symmetric(sc: Scenario) -> bool:
@@ -118,9 +120,14 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     per_gpu_layers = max(1.0, layers / p)
     compute = sim_gpus * mb * per_gpu_layers * OPS_PER_LAYER
     symmetric = _symmetric(sc)
+    c = sc.cluster
+    # Every GPU simulated at its own pace (stragglers, jitter, each GPU's own speed): ranks reach a
+    # collective apart, so its transfers no longer move in lockstep.
+    lockstep = symmetric or not (c.stragglers or c.random_stragglers or c.jitter
+                                 or (c.gpu_speed_spread > 0 and par.world_size > 1))
     tp_occurrences = sim_gpus * mb * per_gpu_layers * 4 if t > 1 else 0.0
     # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
-    tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t)
+    tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t, lockstep)
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
     gbytes = reduced_grad_bytes(sc)  # as sim.build reduces them (fp32 main grads for bf16 transformers)
     grad_bytes = _params(sc.model) / max(1, p * t) * gbytes
@@ -130,14 +137,14 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets
-    dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d) + buckets)
+    dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d, lockstep) + buckets)
     dp_spans: float = sim_gpus * buckets
     if par.zero >= 2 and d > 1:
         # ZeRO-2/3: every layer's gradients reduce-scattered per micro-batch (ZeRO-3 also gathers its
         # weights for F and B), each over the whole DP group in either mode.
         per_gpu = mb * per_gpu_layers * (3 if par.zero >= 3 else 1)
         groups = p if symmetric else sc.total_gpus / d
-        dp = groups * per_gpu * _collective_cost("reduce_scatter", "ring", d)
+        dp = groups * per_gpu * _collective_cost("reduce_scatter", "ring", d, lockstep)
         dp_spans = sim_gpus * per_gpu
     per_step = compute + tp + pp + dp
     events = steps * per_step

@@ -8,6 +8,7 @@ import pytest
 
 from sim import analytic as an
 from sim.engine import collective_algorithms as coll
+from sim.engine.algorithms import choose as alg_choose
 from sim.engine.collective_workload import run_collectives
 from sim.engine.transfer_graphs import btree_depth
 from sim.hardware.nccl import base_latency_s
@@ -148,14 +149,30 @@ def test_ring_fast_path_equals_generic_dag() -> None:
 
 def test_ring_over_a_slow_hop_puts_steps_on_the_wire_in_turn_and_pays_its_latency_once() -> None:
     """Two nodes of 4 GPUs, 2 NICs each (two channels): the two inter-node hops pace the ring, one step's
-    chunk after another over both NICs, each hop's latency paid once (the next step's latency runs while
-    the wire carries the one ahead): 14 · c/(2·B_e) + 2·α_e."""
+    chunk after another over both NICs. Each step's latency runs while the wire carries the steps ahead, so
+    the hop's latency shows once, at the end: 14 · c/(2·B_e) + α_e."""
     w = world(2, 4, nics_per_node=2)
     c = (1 << 24) / 8
     r = w.run_collective_alone(coll.RingSpec(8, c, 14), list(range(8)))
     r.join_all()
     w.env.run()
-    assert r.end_s == pytest.approx(14 * c / (2 * INTER.bandwidth_Bps) + 2 * INTER.latency_s, rel=1e-9)
+    assert r.end_s == pytest.approx(14 * c / (2 * INTER.bandwidth_Bps) + INTER.latency_s, rel=1e-9)
+
+
+def test_a_latency_bound_ring_over_two_nodes_pays_the_network_latency_per_crossing_not_per_step() -> None:
+    """LL ring all-reduce of 512 KiB over 2 × 8 GPUs on EDR: the inter-node latency (2.7 µs with LL) dwarfs
+    a step's data there, yet a connection keeps its next steps' latencies running behind the one on the
+    wire, so the ring takes what the tuner's model says: launch + steps · max(NVLink hop, network chunk)
+    + crossings · network latency (found by the property test below when steps paid it one by one)."""
+    from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS
+    from tests.test_algorithms import _world
+
+    w = _world(2, 8, INTRA_PRESETS["nvlink3"], INTER_PRESETS["edr"], in_network_reduction=False)
+    gpus = list(range(16))
+    choice = alg_choose("all_reduce", "bench", 1 << 19, w.topology, gpus, w.comm)
+    (r,) = run_collectives(w, "all_reduce", "ring", gpus, [1 << 19], protocol="LL", record_spans=False)
+    assert (choice.algorithm, choice.protocol) == ("ring", "LL")
+    assert r.time_s == pytest.approx(choice.predicted_s, rel=0.01)
 
 
 @pytest.mark.parametrize("late_s", [5e-6, 50e-6, 200e-6])

@@ -183,12 +183,13 @@ class RingRun(CollectiveRun):
     i+1 has joined.
 
     A connection puts its steps on the wire one after another (NCCL's connection is a FIFO of NCCL_STEPS
-    = 8 slots, src/include/device.h), but a step's latency overlaps the data ahead of it: a step that was
-    ready while the previous one was still on the wire pays only what is left of its latency when the wire
-    frees (none once it waited a full latency). So a slow hop's latency is paid once, not per step, and a
-    rank that joins late by δ delays the ring by δ, not more (concurrent sends sharing the wire would make
-    the data of the step everyone waits for arrive later). On equal links nothing changes: each step waits
-    for its data."""
+    = 8 slots, src/include/device.h), and a step's latency runs from the moment it is ready (its data
+    received, both ranks joined), overlapping the steps ahead of it on the wire: a step issued when the
+    wire frees pays only what is left of its latency (none once it waited a full latency). That is the
+    exact arrival time of a FIFO wire with the latency after the data, so a slow hop's latency is paid
+    once per pass, not per step, and a rank that joins late by δ delays the ring by δ, not more
+    (concurrent sends sharing the wire would make the data of the step everyone waits for arrive later).
+    On equal links nothing changes: each step waits for its data."""
 
     def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
                  protocol: str = "Simple", launch_s: float = 0.0):
@@ -202,13 +203,15 @@ class RingRun(CollectiveRun):
         self._sent = [0] * p
         self._recvd = [0] * p
         self._busy = [0] * p  # sends on the wire (at most one: the connection is a FIFO)
-        self._ready_at: list[float | None] = [None] * p  # when rank i's next send was ready but the wire busy
+        self._recv_at: list[list[float]] = [[] for _ in range(p)]  # when rank i received each step
+        self._joined_at = [0.0] * p
 
     def _on_join(self, i: int) -> None:
         p = self.p
         if p < 2 or self._steps == 0:
             self._rank_done(i)
             return
+        self._joined_at[i] = self.world.env.now
         self._try(i)
         self._try((i - 1) % p)
 
@@ -217,21 +220,15 @@ class RingRun(CollectiveRun):
         j = self._next[i]
         if not (k < self._steps and self.joined[i] and self._recvd[i] >= k and self.joined[j]):
             return
-        now = self.world.env.now
-        if self._busy[i]:  # the wire is busy: the step's latency starts to run now
-            if self._ready_at[i] is None:
-                self._ready_at[i] = now
+        if self._busy[i]:  # the wire is busy: transfer_done tries again when it frees
             return
         self._busy[i] = 1
         self._sent[i] = k + 1
         hop = self._hop[i]
         if hop is None:
             hop = self._hop[i] = self._route(i, j)
-        latency = hop[1]
-        ready = self._ready_at[i]
-        if ready is not None:
-            self._ready_at[i] = None
-            latency = max(0.0, latency - (now - ready))
+        ready = max(self._joined_at[i], self._joined_at[j], self._recv_at[i][k - 1] if k else 0.0)
+        latency = max(0.0, hop[1] - (self.world.env.now - ready))
         self.world.network.transfer(hop[0], self._wire_bytes, latency, self, i)
 
     def transfer_done(self, i: int) -> None:
@@ -239,6 +236,7 @@ class RingRun(CollectiveRun):
         sent, recvd, busy = self._sent, self._recvd, self._busy
         busy[i] -= 1
         recvd[j] += 1
+        self._recv_at[j].append(self.world.env.now)
         steps = self._steps
         # _try only when the rank has the data for its next send (most completions find it has not yet)
         if sent[i] == steps and recvd[i] == steps and not busy[i]:

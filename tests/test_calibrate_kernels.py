@@ -4,6 +4,7 @@ retaking samples that other processes disturbed, skipping a point together, and 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -119,12 +120,20 @@ def test_sweep_config_survives_json():
 
 
 def test_host_load_counts_other_processes_only():
+    # Other processes may keep a core busy (a shared machine): compare this process's busy loop with an
+    # idle interval of about the same length, measured back to back. Counting our own work would add a
+    # whole core to the busy reading.
+    idle = HostLoad()
+    time.sleep(0.3)
+    baseline = idle.other_cores()
     load = HostLoad()
-    x = 0
-    for i in range(2_000_000):  # this process's own work is not "other load"
-        x += i
+    x, t_end = 0, time.perf_counter() + 0.3
+    while time.perf_counter() < t_end:  # this process's own work is not "other load"
+        x += 1
     other = load.other_cores()
-    assert other is None or 0.0 <= other < 1.0
+    if other is None or baseline is None:
+        return
+    assert 0.0 <= other < baseline + 0.6
 
 
 def test_passes_spread_each_point_and_merge_to_the_median_of_pass_medians():

@@ -111,6 +111,27 @@ def test_command_runs_one_case_and_computes_the_table(capsys, tmp_path) -> None:
     assert table["summary"]["mean_abs_time_error"] == pytest.approx(abs(row["time_error"]))
 
 
+def test_breakdown_splits_the_iteration_and_prices_the_published_time(capsys) -> None:
+    from sim.api import simulate
+
+    name = "mpt-3b-8xa100-llmfoundry"  # one DGX A100, simulates in well under a second
+    assert main(["validate", "--published", "--case", name, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["cases"]
+    summary = simulate(_scenario(name)).summary  # same scenario and seed: the same iteration
+    assert row["simulated_compute_s"] == pytest.approx(summary["compute_s"], rel=1e-12)
+    assert 0 < row["simulated_compute_s"] <= row["simulated_s"]
+    assert row["simulated_compute_s"] + row["simulated_exposed_comm_s"] <= row["simulated_s"] * (1 + 1e-9)
+    hw_tflop = summary["hardware_tflops_per_gpu"] * summary["step_time_s"]  # per GPU per iteration
+    assert row["compute_tflops_per_gpu"] == pytest.approx(hw_tflop / summary["compute_s"], rel=1e-9)
+    # What the published time leaves for the same compute once the simulated time outside it is taken off
+    outside_s = row["simulated_s"] - row["simulated_compute_s"]
+    assert row["implied_compute_tflops_per_gpu"] == pytest.approx(hw_tflop / (row["published_s"] - outside_s),
+                                                                  rel=1e-9)
+    assert main(["validate", "--published", "--case", name, "--breakdown"]) == 0
+    text = capsys.readouterr().out
+    assert "busy TF/s" in text and "implied" in text and text.count(name) == 2
+
+
 def test_text_table_has_the_case_and_the_mean(tmp_path, capsys) -> None:
     assert main(["validate", "--published", "--case", SMALL]) == 0
     text = capsys.readouterr().out

@@ -106,6 +106,17 @@ class CaseResult:
     tflops_error: float    # the same for TFLOP/s per GPU
     wall_s: float
     source: str
+    # Where the simulated iteration goes, on the bottleneck GPU (the one with the most compute): its busy
+    # compute, the communication it waits for, the mean idle share over GPUs, and its hardware FLOPs (dtsim's
+    # own count with recomputation) over its busy compute. ``implied_compute_tflops_per_gpu`` is the rate
+    # the published time leaves for that compute if everything else were as simulated: how fast the kernels
+    # would have had to run to give the published time, not which part of the iteration the simulation
+    # misses (None when the published time is shorter than what the simulation spends outside compute).
+    simulated_compute_s: float = 0.0
+    simulated_exposed_comm_s: float = 0.0
+    simulated_idle_fraction: float = 0.0
+    compute_tflops_per_gpu: float | None = None
+    implied_compute_tflops_per_gpu: float | None = None
 
 
 def load_cases(path: str | Path = DEFAULT_CASES) -> CaseSet:
@@ -164,15 +175,24 @@ def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -
     pub_s, pub_from = published_time_s(case, sc.model, batch, gpus)
     pub_tflops = case.published.tflops_per_gpu or flops / (pub_s * gpus) / 1e12
     t0 = time.perf_counter()
-    sim_s = float(simulate(sc).summary["step_time_s"])
+    summary = simulate(sc).summary
     wall = time.perf_counter() - t0
+    sim_s = float(summary["step_time_s"])
     sim_tflops = flops / (sim_s * gpus) / 1e12
+    compute_s = float(summary["compute_s"])
+    hw = summary.get("hardware_tflops_per_gpu")
+    hw_tflop = float(hw) * sim_s if hw is not None else None  # TFLOP per GPU per iteration (dtsim's count)
+    implied_s = pub_s - (sim_s - compute_s)  # the published time less what the simulation spends outside compute
     return CaseResult(
         name=case.name, gpus=gpus, gpu=sc.cluster.gpu.name, flop_formula=case.flop_formula,
         flops_per_iteration=flops, published_s=pub_s, published_from=pub_from,
         published_tflops_per_gpu=pub_tflops, simulated_s=sim_s, simulated_tflops_per_gpu=sim_tflops,
         time_error=(sim_s - pub_s) / pub_s, tflops_error=(sim_tflops - pub_tflops) / pub_tflops,
         wall_s=wall, source=f"{case.source.title} ({case.source.venue}), {case.source.where}",
+        simulated_compute_s=compute_s, simulated_exposed_comm_s=float(summary["exposed_comm_s"]),
+        simulated_idle_fraction=float(summary["bubble_fraction"]),
+        compute_tflops_per_gpu=hw_tflop / compute_s if hw_tflop is not None and compute_s > 0 else None,
+        implied_compute_tflops_per_gpu=hw_tflop / implied_s if hw_tflop is not None and implied_s > 0 else None,
     )
 
 
@@ -203,6 +223,30 @@ def format_table(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+def format_breakdown(results: list[CaseResult]) -> str:
+    """Where each simulated iteration goes, and the compute rate its published time implies."""
+    head = (f"{'case':<26} {'sim s':>8} {'compute':>8} {'exp comm':>8} {'idle':>6} "
+            f"{'busy TF/s':>9} {'implied':>9} {'ratio':>6}")
+    lines = [head, "-" * len(head)]
+
+    def num(x: float | None, width: int, fmt: str) -> str:
+        return f"{x:>{width}{fmt}}" if x is not None else f"{'-':>{width}}"
+
+    for r in results:
+        ratio = (r.implied_compute_tflops_per_gpu / r.compute_tflops_per_gpu
+                 if r.implied_compute_tflops_per_gpu and r.compute_tflops_per_gpu else None)
+        lines.append(f"{r.name:<26} {r.simulated_s:>8.2f} {r.simulated_compute_s:>8.2f} "
+                     f"{r.simulated_exposed_comm_s:>8.2f} {r.simulated_idle_fraction:>6.1%} "
+                     f"{num(r.compute_tflops_per_gpu, 9, '.1f')} {num(r.implied_compute_tflops_per_gpu, 9, '.1f')} "
+                     f"{num(ratio, 6, '.3f')}")
+    lines.append("-" * len(head))
+    lines.append("per iteration, on the GPU with the most compute: compute = its busy kernels, exp comm = "
+                 "communication it waits for, idle = mean idle share over GPUs; busy TF/s = its hardware "
+                 "FLOPs (dtsim's count, recomputation included) over its compute; implied = the same FLOPs "
+                 "over (published time − simulated time outside compute); ratio = implied / busy")
+    return "\n".join(lines)
+
+
 def to_json(results: list[CaseResult], cases_file: Path) -> dict[str, Any]:
     """The machine-readable table."""
     return {"cases_file": str(cases_file), "summary": aggregate(results),
@@ -223,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key in every case's scenario, e.g. calibration=profile.json")
     p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also print where each simulated iteration goes and the compute rate the published "
+                        "time implies")
     return p
 
 
@@ -268,4 +315,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps(table, indent=2) + "\n")
     else:
         print(format_table(results))
+        if args.breakdown:
+            print()
+            print(format_breakdown(results))
     return 0

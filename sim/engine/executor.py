@@ -100,6 +100,7 @@ class TrainingExecutor:
         self._comm_active: dict[int, int] = {}
         self._active_cum: dict[int, float] = {}
         self._active_mark: dict[int, float] = {}
+        self._comm_idle: dict[int, simpy.Event] = {}  # fires when g's last overlapped collective ends
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -290,6 +291,9 @@ class TrainingExecutor:
         self._comm_active[g] -= 1
         if self._comm_active[g] == 0:
             self._active_cum[g] = self._active_cum.get(g, 0.0) + self.env.now - self._active_mark[g]
+            idle = self._comm_idle.pop(g, None)
+            if idle is not None:  # a compute block slowed by it re-plans the rest at full speed
+                idle.succeed()
 
     def _active_time(self, g: int) -> float:
         """Seconds so far during which an overlapped collective of g was in flight."""
@@ -300,8 +304,10 @@ class TrainingExecutor:
 
     def _compute(self, g: int, work_s: float):
         """Run ``work_s`` of compute. While an overlapped collective of g is in flight the SMs its NCCL
-        kernels hold are lost, so compute runs 1/(1 + comm_slowdown) as fast. Exact with plain timeouts:
-        at each wake-up the work done is the elapsed time less the share lost to the active time."""
+        kernels hold are lost, so compute runs 1/(1 + comm_slowdown) as fast. Exact: at each wake-up the
+        work done is the elapsed time less the share lost to the active time; a wait at the slow rate also
+        ends when the last collective does (the rest then runs at full speed), and a wait at full speed
+        that a collective joined is made up at the next wake-up."""
         env, x = self.env, self.job.comm_slowdown
         if x <= 0:
             yield env.timeout(work_s)
@@ -311,7 +317,13 @@ class TrainingExecutor:
         remaining = work_s
         # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
         while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
-            yield env.timeout(remaining * (1.0 + x) if self._comm_active.get(g, 0) else remaining)
+            if self._comm_active.get(g, 0):
+                idle = self._comm_idle.get(g)
+                if idle is None:
+                    idle = self._comm_idle[g] = env.event()
+                yield env.timeout(remaining * (1.0 + x)) | idle
+            else:
+                yield env.timeout(remaining)
             remaining = work_s - ((env.now - t0) - (self._active_time(g) - a0) * lost)
 
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
@@ -323,9 +335,19 @@ class TrainingExecutor:
             if b.comm == "ring@cp" and len(self._group(g, "cp")) > 1:  # context parallelism: ring attention
                 yield from self._ring(g, b, category, args, prefix)
                 continue
+            beside = None  # an overlapped collective: issued with the compute, waited for after it
+            jittered: float | None = None
+            if b.overlap and b.comm and b.comm_bytes > 0:
+                op, kind = b.comm_op_kind
+                if self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1:
+                    wait, finish = 0.0, None
+                    if var is not None and kind == "tp":  # the collective starts with the group's last member
+                        jittered, wait, finish = var.overlapped_block(g, step, b.dur_s)
+                    beside = env.process(self._beside(g, kind, op, b, args, prefix, wait, finish))
             if b.dur_s > 0:
                 start = env.now
-                dur = b.dur_s if var is None else var.block_time(
+                # Jitter: a block ending in a blocking TP collective waits for the group's slowest member.
+                dur = b.dur_s if var is None else jittered if jittered is not None else var.block_time(
                     g, step, b.dur_s, bool(b.comm and "@" not in b.comm) and self.job.tp > 1)
                 work = dur * slow
                 yield from self._compute(g, work)
@@ -338,7 +360,10 @@ class TrainingExecutor:
                                start + work, args)
                 else:
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
-            if not b.comm or b.comm_bytes <= 0:  # most blocks: no collective (parse nothing)
+            if beside is not None:
+                yield beside
+                continue
+            if b.overlap or not b.comm or b.comm_bytes <= 0:  # most blocks: no collective (parse nothing)
                 continue
             op, kind = b.comm_op_kind
             if self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1:
@@ -347,6 +372,24 @@ class TrainingExecutor:
                 cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
                 world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", cat, start,
                            {"bytes": b.comm_bytes, "op": op, **args})
+
+    def _beside(self, g: int, kind: str, op: str, b: Block, args: dict, prefix: str, wait_s: float = 0.0,
+                finish=None):
+        """Process: block ``b``'s collective, run beside its compute (Megatron's asynchronous backward
+        collectives); while it is in flight its NCCL kernels slow that compute (``_compute``). With
+        symmetric jitter it starts ``wait_s`` later, when the slowest member of the group g stands for
+        arrives, and ``finish`` learns its duration (``Variability.overlapped_block``)."""
+        if wait_s > 0:
+            yield self.env.timeout(wait_s)
+        start = self.env.now
+        self._comm_begin(g)
+        yield from self._collective(g, kind, op, b.comm_bytes)
+        self._comm_end(g)
+        if finish is not None:
+            finish(self.env.now - start)
+        cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
+        self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped)", cat, start,
+                        {"bytes": b.comm_bytes, "op": op, **args})
 
     def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):
         """Ring attention over g's CP group: ``b`` (one K/V block's attention) runs once per member; while

@@ -14,7 +14,8 @@ from sim.schedules.actions import SPLIT_BACKWARD
 @dataclass(frozen=True)
 class Block:
     """Compute of ``dur_s`` on the compute stream, then (optionally) a TP collective the next block
-    waits for. ``flops`` counts the arithmetic (for MFU/HFU bookkeeping)."""
+    waits for; with ``overlap`` the collective is issued when the compute starts and runs beside it (the
+    block ends when both have). ``flops`` counts the arithmetic (for MFU/HFU bookkeeping)."""
 
     name: str
     dur_s: float
@@ -22,6 +23,7 @@ class Block:
     comm_bytes: float = 0.0
     flops: float = 0.0
     category: str | None = None  # span category; None: the caller's (forward, backward, …)
+    overlap: bool = False
 
     @property
     def comm_op_kind(self) -> tuple[str, str]:

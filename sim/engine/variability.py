@@ -32,6 +32,7 @@ When one GPU per pipeline stage stands for all the stage's GPUs (``symmetric``),
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -127,15 +128,7 @@ class Variability:
         (``synced``) lasts until the slowest member is there too."""
         if self.sigma <= 0:
             return dur_s
-        state = self._jit.get(g)  # (step, batch number, draws, next index): one live batch per GPU
-        if state is None or state[0] != step or state[3] >= _BATCH:
-            n = state[1] + 1 if state is not None and state[0] == step else 0
-            rng = np.random.default_rng([self.seed, _JITTER, step, g, n])
-            z = rng.standard_normal((_BATCH, self._group))
-            state = (step, n, np.exp(self.sigma * z - self.sigma**2 / 2), 0)
-        step_, n, buf, i = state
-        self._jit[g] = (step_, n, buf, i + 1)
-        times = dur_s * buf[i]
+        times = self._draw(g, step, dur_s)
         if self._group == 1:
             return float(times[0])
         lag = self._lag.get(g, 0.0) + times - times[0]  # members' time behind g since the last sync
@@ -144,6 +137,45 @@ class Variability:
             return float(times[0] + lag.max())
         self._lag[g] = lag
         return float(times[0])
+
+    def overlapped_block(self, g: int, step: int, dur_s: float) -> tuple[float, float, Callable[[float], None]]:
+        """Jitter of a block whose TP collective runs beside its compute (Megatron's asynchronous backward):
+        (g's compute time, how long after g starts the block its group's slowest member arrives, which is
+        when the collective can start, and a function to call with the collective's duration).
+
+        Symmetric: each member computes on from where it is; the collective starts with the last of them,
+        and a member's block ends when its own compute and the collective are both done; that call sets
+        the members' lags behind g from those ends (none of them waits for a slower member's compute).
+        Every GPU simulated, the rendezvous itself does this."""
+        if self.sigma <= 0:
+            return dur_s, 0.0, _ignore
+        times = self._draw(g, step, dur_s)
+        if self._group == 1:
+            return float(times[0]), 0.0, _ignore
+        lag = np.zeros(self._group) + self._lag.get(g, 0.0)  # members behind g at the block's start
+        wait = float(lag.max())
+
+        def finish(collective_s: float) -> None:
+            ends = np.maximum(lag + times, wait + collective_s)
+            self._lag[g] = ends - ends[0]
+
+        return float(times[0]), wait, finish
+
+    def _draw(self, g: int, step: int, dur_s: float) -> np.ndarray:
+        """The block's time on g and on each member it stands for, from the seeded log-normal factors."""
+        state = self._jit.get(g)  # (step, batch number, draws, next index): one live batch per GPU
+        if state is None or state[0] != step or state[3] >= _BATCH:
+            n = state[1] + 1 if state is not None and state[0] == step else 0
+            rng = np.random.default_rng([self.seed, _JITTER, step, g, n])
+            z = rng.standard_normal((_BATCH, self._group))
+            state = (step, n, np.exp(self.sigma * z - self.sigma**2 / 2), 0)
+        step_, n, buf, i = state
+        self._jit[g] = (step_, n, buf, i + 1)
+        return dur_s * buf[i]
+
+
+def _ignore(_collective_s: float) -> None:
+    return None
 
 
 def percentiles(step_times_s: list[float]) -> dict[str, float]:

@@ -33,10 +33,12 @@ from sim.training.step_work import (
     accumulate_block,
     blocks,
     grad_bucket_bytes,
+    inline_wgrads,
     main_grad_bytes,
     megatron_optimizer,
     op_block,
     optimizer_block,
+    tp_backward_overlap,
     weight_blocks,
     zero1_all_reduces_grads,
 )
@@ -210,17 +212,31 @@ class Estimator:
         return list(range(t))
 
     # ---- per-layer times (cached per tensor width, micro-batch, SP and checkpointing) ---------------
-    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str) -> _LayerTimes:
+    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str, tp_overlap: bool = False) -> _LayerTimes:
         d, dtype, cost, host, ks = self.dims, self.precision, self.cost, self.host_s, self.kernels
         m = self.model
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-        lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel)
+        gb, eb = self.gbytes, self.ebytes
+        lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel,
+                          tp_backward_overlap=tp_overlap)
+        if tp_overlap:  # as sim.build prices them
+            lo = tf.LayerOps(lo.forward, inline_wgrads(lo.backward_input, ks, gb, eb), lo.backward_weight)
         group = self._tp_group(t)
+        k, x = self.slowest, self.comm_slowdown
 
         def comm(blocks: tuple[Block, ...]) -> float:
-            return sum(self.collective_s(x.comm, "tp", group, x.comm_bytes) for x in blocks if x.comm) if t > 1 else 0.0
+            """What the blocks' collectives add to their compute: a blocking one its time C; one run beside
+            W of compute (``Block.overlap``) max(C, W + C·x/(1+x)) − W, the SMs it holds slowing W."""
+            if t == 1:
+                return 0.0
+            total = 0.0
+            for blk in blocks:
+                if blk.comm:
+                    c = self.collective_s(blk.comm, "tp", group, blk.comm_bytes)
+                    w = k * blk.dur_s
+                    total += max(c, w + c * x / (1 + x)) - w if blk.overlap else c
+            return total
 
-        gb, eb = self.gbytes, self.ebytes
         fwd = blocks(cost, lo.forward, host_s=host)
         bwd = blocks(cost, lo.backward_input, host_s=host)
         wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gb, eb)
@@ -239,7 +255,6 @@ class Estimator:
                       + accumulate_block(cost, emb_params, gb, eb, ks, force=True))
         head_blocks = (blocks(cost, head.forward, host_s=host) + blocks(cost, head.backward_input, host_s=host)
                        + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb))
-        k = self.slowest
         return _LayerTimes(
             fwd=k * _dur(fwd),
             bwd=k * (_dur(bwd) + _dur(wgt)),
@@ -294,7 +309,7 @@ class Estimator:
         d, t, p, v, b, dp = self.dims, c.tensor, c.pipeline, c.virtual_stages, c.micro_batch, c.data
         sp = c.sequence_parallel and t > 1
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
-        lt = self._times(t, b, sp, c.checkpointing)
+        lt = self._times(t, b, sp, c.checkpointing, tp_backward_overlap(ks, t, c.schedule))
         lay = Layout(dp=dp, tp=t, pp=p)
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute

@@ -60,7 +60,7 @@ def _split(segments: tuple[tf.Segment, ...], attention_block: Callable[[Op], lis
         if seg.ops[:i]:
             out.append(tf.Segment(seg.ops[:i]))
         out.extend(attention_block(seg.ops[i]))
-        out.append(tf.Segment(seg.ops[i + 1:], seg.comm, seg.comm_bytes))
+        out.append(replace(seg, ops=seg.ops[i + 1:]))
     return tuple(out)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sim.cost.base import CostModel
 from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, GRAD_ACCUM
+from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import FULL_PRECISIONS, MB
 from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
 from sim.workload.ops import GEMM, Op, elementwise
@@ -50,7 +51,8 @@ def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_
     for i, seg in enumerate(segments):
         dur = ops_time_s(cost, seg.ops, host_s)
         name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
-        out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops)))
+        out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops),
+                         overlap=seg.overlap))
     return tuple(out)
 
 
@@ -137,13 +139,32 @@ def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, k
     return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
 
 
+def fused_wgrad(op: Op, ks: KernelSet, gbytes: int, ebytes: int) -> Op:
+    """A weight-gradient GEMM as the kernel set runs it: with gradient-accumulation fusion it reads and
+    writes its fp32 output (β = 1) instead of writing a 16-bit one."""
+    if ks.gradient_accumulation_fusion and gbytes > ebytes and op.kind == GEMM:
+        return dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
+    return op
+
+
+def inline_wgrads(segments: tuple[Segment, ...], ks: KernelSet, gbytes: int, ebytes: int) -> tuple[Segment, ...]:
+    """Segments whose weight-gradient GEMMs run inside the backward (``tp_backward_overlap``), each priced
+    as ``fused_wgrad`` prices it in ``weight_blocks``."""
+    return tuple(dataclasses.replace(seg, ops=tuple(fused_wgrad(op, ks, gbytes, ebytes)
+                                                    if op.name.endswith(".wgrad") else op for op in seg.ops))
+                 for seg in segments)
+
+
+def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
+    """Whether the layers' backward overlaps its column-parallel collectives with the weight-gradient
+    GEMMs (the kernel set does, there is TP, and the schedule does not run the weight gradients apart)."""
+    return ks.tp_backward_overlap and tp > 1 and schedule not in SPLIT_BACKWARD
+
+
 def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
                    ebytes: int) -> tuple[Block, ...]:
-    """Weight-gradient GEMMs and their accumulation into main_grad. With gradient-accumulation fusion the
-    GEMM reads and writes its fp32 output (β = 1) instead of writing a 16-bit one."""
-    if ks.gradient_accumulation_fusion and gbytes > ebytes:
-        wgrads = tuple(dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
-                       if op.kind == GEMM else op for op in wgrads)
+    """Weight-gradient GEMMs (``fused_wgrad``) and their accumulation into main_grad."""
+    wgrads = tuple(fused_wgrad(op, ks, gbytes, ebytes) for op in wgrads)
     return (op_block(cost, "wgrad", wgrads, ks.host_dispatch_us * 1e-6)
             + accumulate_block(cost, params, gbytes, ebytes, ks))
 

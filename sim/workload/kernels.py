@@ -21,7 +21,13 @@ Sources (public code, read at the period named):
   (bf16 forces ``accumulate_allreduce_grads_in_fp32``; ``clip_grad`` default 1.0).
 - megatron-lm-2022: the same tree at Korthikanti et al. 2022 (v3.0): sequence parallelism and selective
   recompute, ``--gradient-accumulation-fusion`` (``fused_weight_gradient_mlp_cuda``: the wgrad GEMM
-  accumulates straight into ``main_grad``); attention, softmax, dropout and the DP all-reduce as in 2021.
+  accumulates straight into ``main_grad``), and the asynchronous backward of column-parallel linears
+  (``megatron/mpu/layers.py``: ``ColumnParallelLinearWithAsyncAllreduce``, on unless
+  ``--no-async-tensor-model-parallel-allreduce``; with sequence parallelism
+  ``ColumnParallelLinearWithSequenceParallelism``: the input all-gathered during dgrad, dgrad's output
+  reduce-scattered during wgrad); attention, softmax, dropout and the DP all-reduce as in 2021. The 2021
+  tree and Megatron-DeepSpeed (``copy_to_tensor_model_parallel_region``) all-reduce the input gradient
+  before going on.
 - megatron-deepspeed-2022: microsoft/Megatron-DeepSpeed of 2022 (Megatron-LM 2021 model code under
   DeepSpeed's engine): the 2021 kernels; gradients accumulated in fp32 by DeepSpeed's bf16 optimizer
   and reduced after the backward pass. DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py)
@@ -37,7 +43,9 @@ Sources (public code, read at the period named):
 - transformer-engine: Megatron-Core with NVIDIA Transformer Engine (2024-): fused attention (cuDNN /
   FlashAttention kernels), fused bias/activation/dropout/residual and norm kernels, wgrad GEMMs
   accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
-  during the backward pass, non-blocking batched p2p.
+  during the backward pass, non-blocking batched p2p; ``transformer_engine.pytorch.Linear``'s backward
+  overlaps the column-parallel collectives with the GEMMs as Megatron does (no userbuffers overlap of
+  the forward's collectives is modelled).
 """
 
 from __future__ import annotations
@@ -60,6 +68,9 @@ class KernelSet:
     blocking_p2p: bool  # pipeline sends complete before the sender computes on
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
     zero1_grad_all_reduce: bool = False  # bf16 + ZeRO-1: gradients all-reduced in full, not reduce-scattered
+    # Column-parallel linears overlap their backward collective with their weight-gradient GEMM, and with
+    # sequence parallelism re-gather their input during the input-gradient GEMM (transformer.layer_ops).
+    tp_backward_overlap: bool = False
     grad_accum_via_temporary: bool = False  # the accumulation casts the 16-bit gradient into an fp32 temporary first
     description: str = ""
     # Host time to dispatch one operator in PyTorch eager mode (Python, dispatcher, launch): a few µs to
@@ -81,7 +92,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="megatron-lm-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
-            blocking_p2p=True, scatter_gather_p2p=True,
+            blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute "
                         "and gradient-accumulation fusion",
         ),
@@ -94,7 +105,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
-            blocking_p2p=False, scatter_gather_p2p=False,
+            blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),

@@ -21,15 +21,16 @@ Fusion choices (each Op is priced as one kernel):
 
 Sequence parallelism (Korthikanti et al. 2022): the norm and dropout regions work on s/t tokens; each
 Megatron all-reduce becomes a reduce-scatter, and each identity-forward/all-reduce-backward ``f`` becomes an
-all-gather forward / reduce-scatter backward. Megatron re-gathers the norm output during backward for the
-weight-gradient GEMMs (overlapped with dgrad); that extra all-gather is not modelled, so SP moves the same
-bytes as plain TP, as the paper states.
+all-gather forward / reduce-scatter backward. The code bases that overlap their backward collectives
+(``tp_backward_overlap``: Megatron-LM from 2022, Transformer Engine) keep the norm output sharded and
+re-gather it during the input-gradient GEMM for the weight-gradient GEMM: with them, SP moves two more
+all-gathers per layer than plain TP, each beside a GEMM.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.errors import ScenarioError
 from sim.units import DTYPE_BYTES, storage_dtype
@@ -123,12 +124,15 @@ class TransformerDims:
 class Segment:
     """Ops run in order on the compute stream, then an optional TP collective the next segment waits for.
 
-    comm_bytes is the full unsharded collective size N (for AG/RS: the gathered size).
+    comm_bytes is the full unsharded collective size N (for AG/RS: the gathered size). ``overlap``: the
+    collective is issued when the ops start and runs beside them (Megatron's asynchronous backward
+    collectives); the segment ends when both have.
     """
 
     ops: tuple[Op, ...]
     comm: str | None = None
     comm_bytes: float = 0.0
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -305,7 +309,7 @@ def _wgrad(op: Op) -> Op:
 
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
-    attention: str = "flash", attention_dropout_kernel: bool = False,
+    attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -315,6 +319,16 @@ def layer_ops(
     Forward (no SP): [norm1, QKV, attention, out-proj] → AR; [dropout-add1, norm2, MLP up, act, MLP down] → AR;
     [dropout-add2]. With SP: [norm1] → AG; [QKV, attention, out-proj] → RS; [dropout-add1, norm2] → AG;
     [MLP up, act, MLP down] → RS; [dropout-add2]. tp = 1 keeps the segments with no collectives.
+
+    ``tp_backward_overlap`` (Megatron-LM from 2022, Transformer Engine; tp > 1): each column-parallel
+    linear (QKV, MLP up) computes its weight gradient inside its own backward, while the all-reduce of
+    its input gradient (with SP: the reduce-scatter) runs beside it; with SP it also re-gathers its
+    sequence-parallel input (the norm output, kept 1/t) during its input-gradient GEMM. Megatron-LM's
+    ``ColumnParallelLinearWithAsyncAllreduce`` / ``ColumnParallelLinearWithSequenceParallelism``
+    (megatron/mpu/layers.py, 2022), later ``LinearWithGradAccumulationAndAsyncCommunication``; Transformer
+    Engine's ``Linear`` backward does the same. The weight-gradient GEMMs then sit in the backward, in the
+    order autograd runs them (each row-parallel linear's right after its input gradient), and
+    ``backward_weight`` is empty: for schedules that run W on its own (zero-bubble), build without it.
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -385,10 +399,37 @@ def layer_ops(
             _seg((norm2_b, add1_b, *attn_grads), grad_col, comm_bytes),
             _seg((norm1_b,), None, 0.0),
         )
-    backward_weight = (_wgrad(down), _wgrad(up), _wgrad(attn_out), _wgrad(qkv))
+    backward_weight: tuple[Op, ...] = (_wgrad(down), _wgrad(up), _wgrad(attn_out), _wgrad(qkv))
+    if tp_backward_overlap and t > 1:
+        backward_input = _overlapped_backward(
+            sp, comm_bytes, grad_row,
+            mlp=(add2_b, _dgrad(down), _wgrad(down), act_b), up=up,
+            attn=(norm2_b, add1_b, _dgrad(attn_out), _wgrad(attn_out), *core_b), qkv=qkv, last=(norm1_b,))
+        backward_weight = ()
     if dtype == "fp8":
         forward, backward_input = _with_fp8_casts(forward), _with_fp8_casts(backward_input)
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
+
+
+def _overlapped_backward(sp: bool, comm_bytes: float, grad_row: str | None, *, mlp: tuple[Op, ...], up: Op,
+                         attn: tuple[Op, ...], qkv: Op, last: tuple[Op, ...]) -> tuple[Segment, ...]:
+    """The backward of a TP layer whose column-parallel linears (``up``, ``qkv``) overlap their collectives
+    (see ``layer_ops``). ``mlp`` and ``attn`` hold the ops up to each one's input-gradient GEMM (and with
+    SP the MLP's ``mlp`` starts with the dropout-add whose gradient is all-gathered, as without overlap)."""
+    if sp:  # re-gather the input during dgrad, then reduce-scatter dgrad's output during wgrad
+        def column(before: tuple[Op, ...], lin: Op) -> tuple[Segment, ...]:
+            return (_seg(before, None, 0.0), Segment((_dgrad(lin),), ALL_GATHER, comm_bytes, overlap=True),
+                    Segment((_wgrad(lin),), REDUCE_SCATTER, comm_bytes, overlap=True))
+
+        add2_b, *mlp_rest = mlp
+        norm2_b, add1_b, *attn_rest = attn
+        return (_seg((add2_b,), grad_row, comm_bytes), *column(tuple(mlp_rest), up),
+                _seg((norm2_b, add1_b), grad_row, comm_bytes), *column(tuple(attn_rest), qkv),
+                _seg(last, None, 0.0))
+    # all-reduce dgrad's output during wgrad
+    return (_seg((*mlp, _dgrad(up)), None, 0.0), Segment((_wgrad(up),), ALL_REDUCE, comm_bytes, overlap=True),
+            _seg((*attn, _dgrad(qkv)), None, 0.0), Segment((_wgrad(qkv),), ALL_REDUCE, comm_bytes, overlap=True),
+            _seg(last, None, 0.0))
 
 
 _FP8_CAST_BYTES_PER_ELEM = 2 + 1 + 1  # read bf16, write fp8 and fp8 transposed
@@ -398,10 +439,11 @@ def _with_fp8_casts(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
     """Prefix each segment holding fp8 GEMMs with the cast_transpose of their m×k inputs."""
     out = []
     for seg in segments:
-        elems = sum(op.m * op.k * op.batch for op in seg.ops if op.kind == "gemm" and op.dtype == "fp8")
+        elems = sum(op.m * op.k * op.batch for op in seg.ops
+                    if op.kind == "gemm" and op.dtype == "fp8" and not op.name.endswith(".wgrad"))
         if elems:
             cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
-            seg = Segment(ops=(cast, *seg.ops), comm=seg.comm, comm_bytes=seg.comm_bytes)
+            seg = replace(seg, ops=(cast, *seg.ops))
         out.append(seg)
     return tuple(out)
 

@@ -141,10 +141,14 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     engine = fig.get_layout_engine()
-    if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
-        # Lay the figure out once for both formats (each savefig would redo it: a quarter of the cost).
-        engine.execute(fig)
-        fig.set_layout_engine("none")
+    if engine is not None:
+        # Lay the figure out once for both formats (each savefig would redo it: a quarter of the cost), then
+        # drop the engine altogether: with any engine left, even matplotlib's placeholder, every savefig first
+        # draws the whole figure once without output (text layout included) before its real draw.
+        if not isinstance(engine, PlaceHolderLayoutEngine):
+            engine.execute(fig)
+        with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)  # None, whatever a user's matplotlibrc asks for
     written = []
     for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
         final = out_stem.with_name(f"{out_stem.name}.{fmt}")

@@ -130,14 +130,16 @@ def test_gantt_small_writes_png_and_svg_with_one_row_per_gpu_and_stream(tmp_path
     assert len(rows) == 12  # 4 GPUs × compute, comm, p2p
     assert rows[0].label == "gpu0 pp0 · compute"
     assert [r.stream for r in rows[:3]] == ["compute", "comm", "p2p"]
-    for label in ("gpu3 pp3 · compute", "gpu0 pp0 · p2p", "gpipe-p4-m8", "bubble 27.3%", "MFU 41.0%"):
+    for label in ("gpu3 pp3 · compute", ">p2p<", "gpipe-p4-m8", "bubble 27.3%", "MFU 41.0%"):
         assert label in svg
 
 
 def test_gantt_figure_has_labels_microbatch_numbers_units_and_only_present_categories() -> None:
     fig = gantt_figure(gpipe_timeline(), SUMMARY)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["gpu0 pp0 · compute", "gpu0 pp0 · comm"]
+    # A GPU is named on its first row only; its other streams' rows (down to the separator) say the stream.
+    assert [t.get_text() for t in ax.get_yticklabels()][:4] == ["gpu0 pp0 · compute", "comm", "p2p",
+                                                                "gpu1 pp1 · compute"]
     assert ax.get_xlabel() == "time (ms)"
     numbers = [t.get_text() for t in ax.texts]
     # 4 stages × 8 micro-batches × (F + B), each block 10-20 ms wide out of 350 ms: all labelled.

@@ -29,11 +29,19 @@ VECTOR_SPANS_MAX = 20_000
 
 @dataclass(frozen=True)
 class GanttRow:
-    """One drawn row: a stream of a GPU and the label shown for it."""
+    """One drawn row: a stream of a GPU and its full label ("<GPU label> · <stream>"; the chart writes the
+    GPU part once per GPU, see ``tick_labels``)."""
 
     gpu: int
     stream: str
     label: str
+
+
+def tick_labels(rows: list[GanttRow]) -> list[str]:
+    """The y labels: a GPU's first row names the GPU and its stream, the rows below it (up to the next
+    separator line) the stream alone; a GPU's label is long and said once it is as clear (and a fraction of
+    the text to lay out and render)."""
+    return [row.label if i == 0 or rows[i - 1].gpu != row.gpu else row.stream for i, row in enumerate(rows)]
 
 
 # ---------------------------------------------------------------------------------------------- selection
@@ -376,7 +384,7 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
 
     row_pts = row_in * 72.0
     label_fs = max(5.0, min(9.0, row_pts * 0.55))
-    ax.set_yticks(range(n), labels=[r.label for r in rows], fontsize=label_fs)
+    ax.set_yticks(range(n), labels=tick_labels(rows), fontsize=label_fs)
     ax.set_ylim(max(n, 1) - 0.5, -0.5)
     ax.set_xlim(lo * factor, hi * factor)
     ax.set_xlabel(f"time ({unit})")

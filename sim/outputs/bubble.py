@@ -114,15 +114,45 @@ def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
-    width_pts = axes_width_pts(fig, ax)
+    # Everything that takes part in the layout first (the idle shares right of the axes, the titles, the
+    # legend), so that the layout is done once; then the blocks and bubbles, which stay inside the axes.
+    gaps = [_row_gaps(blocks.start_s[blocks.row == i], blocks.end_s[blocks.row == i], t0, t1) for i in range(n)]
+    idle_fractions = [float(gap_dur.sum()) / max(t1 - t0, 1e-12) for _, gap_dur in gaps]
+    for i, idle in enumerate(idle_fractions):
+        ax.annotate(
+            f"{idle:.1%} idle",
+            xy=(1.005, i),
+            xycoords=("axes fraction", "data"),
+            va="center",
+            fontsize=8,
+            color="#8A3030",
+        )
+    categories = {table.categories[c] for c in np.unique(blocks.category).tolist()}
+    if summary.get("bubble_fraction") is not None:
+        bubble = f"bubble fraction {float(summary['bubble_fraction']):.1%}"
+    else:
+        bubble = f"idle on compute streams {np.mean(idle_fractions) if idle_fractions else 0.0:.1%}"
+    name = f"{summary['name']} · " if summary.get("name") else ""
+    fig.suptitle(f"Pipeline schedule · {name}{n} stages · {bubble}", fontsize=12)
+    ax.set_title(
+        "one GPU per stage (lowest id); hatched = bubble (compute stream idle before the last F/B block ends)",
+        fontsize=9,
+        loc="left",
+        color="#444444",
+    )
+    bubble_patch = Patch(
+        facecolor=style.BUBBLE_COLOR, edgecolor="#C07070", hatch=style.BUBBLE_HATCH, label="bubble (idle)"
+    )
+    handles = legend_handles(categories, chunked, [bubble_patch])
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9
+    )
+
+    width_pts = axes_width_pts(fig, ax, final=True)
     pts_per_unit = width_pts / ((t_end - t0) * factor)
     dense = DenseLayer(n, pixel_columns(width_pts), t0 * factor, t_end * factor)
     bubble_id = dense.color_id(style.BUBBLE_COLOR)
-    idle_fractions = []
-    for i in range(n):
-        mine = blocks.row == i
-        gap_start, gap_dur = _row_gaps(blocks.start_s[mine], blocks.end_s[mine], t0, t1)
-        idle_fractions.append(float(gap_dur.sum()) / max(t1 - t0, 1e-12))
+    for i, (gap_start, gap_dur) in enumerate(gaps):
         wide = (dense.px(gap_dur * factor) >= WIDE_PX) | (len(blocks) <= VECTOR_BLOCKS_MAX)
         dense.add_many(np.full(int((~wide).sum()), i), np.full(int((~wide).sum()), bubble_id),
                        gap_start[~wide] * factor, gap_dur[~wide] * factor)
@@ -135,16 +165,7 @@ def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
             hatch=style.BUBBLE_HATCH,
             zorder=1,
         )
-        ax.annotate(
-            f"{idle_fractions[-1]:.1%} idle",
-            xy=(1.005, i),
-            xycoords=("axes fraction", "data"),
-            va="center",
-            fontsize=8,
-            color="#8A3030",
-        )
 
-    categories = {table.categories[c] for c in np.unique(blocks.category).tolist()}
     lut = category_palette(dense, table, chunked)
     odd = (blocks.chunk % 2 == 1) & chunked
     narrow = dense.px((blocks.end_s - blocks.start_s) * factor) < WIDE_PX
@@ -165,26 +186,6 @@ def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     dense.draw(ax, zorder=1.5)
     ax.set_ylim(max(n, 1) - 0.5, -0.5)
     ax.set_xlim(t0 * factor, t_end * factor)
-
-    if summary.get("bubble_fraction") is not None:
-        bubble = f"bubble fraction {float(summary['bubble_fraction']):.1%}"
-    else:
-        bubble = f"idle on compute streams {np.mean(idle_fractions) if idle_fractions else 0.0:.1%}"
-    name = f"{summary['name']} · " if summary.get("name") else ""
-    fig.suptitle(f"Pipeline schedule · {name}{n} stages · {bubble}", fontsize=12)
-    ax.set_title(
-        "one GPU per stage (lowest id); hatched = bubble (compute stream idle before the last F/B block ends)",
-        fontsize=9,
-        loc="left",
-        color="#444444",
-    )
-    bubble_patch = Patch(
-        facecolor=style.BUBBLE_COLOR, edgecolor="#C07070", hatch=style.BUBBLE_HATCH, label="bubble (idle)"
-    )
-    handles = legend_handles(categories, chunked, [bubble_patch])
-    fig.legend(
-        handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9
-    )
     return fig
 
 

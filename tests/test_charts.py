@@ -130,14 +130,16 @@ def test_gantt_small_writes_png_and_svg_with_one_row_per_gpu_and_stream(tmp_path
     assert len(rows) == 12  # 4 GPUs × compute, comm, p2p
     assert rows[0].label == "gpu0 pp0 · compute"
     assert [r.stream for r in rows[:3]] == ["compute", "comm", "p2p"]
-    for label in ("gpu3 pp3 · compute", "gpu0 pp0 · p2p", "gpipe-p4-m8", "bubble 27.3%", "MFU 41.0%"):
+    for label in ("gpu3 pp3 · compute", ">p2p<", "gpipe-p4-m8", "bubble 27.3%", "MFU 41.0%"):
         assert label in svg
 
 
 def test_gantt_figure_has_labels_microbatch_numbers_units_and_only_present_categories() -> None:
     fig = gantt_figure(gpipe_timeline(), SUMMARY)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["gpu0 pp0 · compute", "gpu0 pp0 · comm"]
+    # A GPU is named on its first row only; its other streams' rows (down to the separator) say the stream.
+    assert [t.get_text() for t in ax.get_yticklabels()][:4] == ["gpu0 pp0 · compute", "comm", "p2p",
+                                                                "gpu1 pp1 · compute"]
     assert ax.get_xlabel() == "time (ms)"
     numbers = [t.get_text() for t in ax.texts]
     # 4 stages × 8 micro-batches × (F + B), each block 10-20 ms wide out of 350 ms: all labelled.
@@ -394,3 +396,43 @@ def test_vectorised_blocks_and_gaps_match_the_span_by_span_definitions() -> None
         gaps = idle_gaps(want, 0.0, 7.5)
         assert [a for a, _ in gaps] == pytest.approx(starts.tolist())
         assert [d for _, d in gaps] == pytest.approx(durs.tolist())
+
+
+@pytest.mark.parametrize("chunk", [50_000, 7])
+def test_fast_trace_writer_matches_one_event_at_a_time(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column-wise Chrome trace writer gives the events a plain one-dict-per-event encoding gives, in
+    the same order, for awkward names (quotes that could fake a separator), unhashable args, a stream
+    without a fixed tid and counters."""
+    import json
+
+    from sim.engine.timeline import CounterSample
+    from sim.outputs import writers
+    from sim.outputs.writers import STREAM_ORDER, chrome_trace
+
+    monkeypatch.setattr(writers, "CHUNK_LINES", chunk)
+    timeline = gpipe_timeline(p=3, m=4, tp=2)
+    timeline.add(Span(0, tl.STREAM_COMPUTE, 'odd "a","b" name', tl.COMPUTE, 0.0, 0.1, {"bytes": 3}))
+    timeline.add(Span(1, "nic", 'end \\"', tl.COMM, 0.2, 0.05, {"ranks": [0, 1]}))
+    timeline.add(Span(2, "nic", "ünïcode", tl.COMM, 0.25, 0.05, {}))
+    timeline.counters = [CounterSample(0, "allocated_bytes", 0.1, 2e9), CounterSample(1, "other", 0.2, 5)]
+    events: list[dict] = []
+    for g in timeline.gpus:
+        events.append({"ph": "M", "pid": g, "name": "process_name", "args": {"name": timeline.labels[g]}})
+        events.append({"ph": "M", "pid": g, "name": "process_sort_index", "args": {"sort_index": g}})
+    tids: dict[tuple[int, str], int] = {}
+    for lo in range(0, len(timeline.spans), chunk):  # per chunk, the names of its new threads come first
+        part = timeline.spans[lo : lo + chunk]
+        for s in part:
+            if (s.gpu, s.stream) not in tids:
+                tids[(s.gpu, s.stream)] = STREAM_ORDER.get(s.stream, 10 + len(tids))
+                events.append({"ph": "M", "pid": s.gpu, "tid": tids[(s.gpu, s.stream)], "name": "thread_name",
+                               "args": {"name": s.stream}})
+        events += [{"ph": "X", "pid": s.gpu, "tid": tids[(s.gpu, s.stream)], "name": s.name, "cat": s.category,
+                    "ts": s.start_s * 1e6, "dur": s.dur_s * 1e6, "args": s.args} for s in part]
+    events += [{"ph": "C", "pid": 0, "name": "allocated_GB", "ts": 0.1e6, "args": {"GB": 2.0}},
+               {"ph": "C", "pid": 1, "name": "other", "ts": 0.2e6, "args": {"GB": 5e-9}}]
+    trace = json.loads(chrome_trace(timeline, {"scenario": "t"}))
+    assert trace["traceEvents"] == events
+    assert trace["otherData"] == {"scenario": "t"} and trace["displayTimeUnit"] == "ms"
+    empty = json.loads(chrome_trace(Timeline()))
+    assert empty["traceEvents"] == []

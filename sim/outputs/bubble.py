@@ -46,6 +46,9 @@ FIG_WIDTH_IN = 13.0
 # Up to this many blocks (and as many bubbles, hatched) every one is a rectangle, as in the papers' diagrams;
 # above it, those under WIDE_PX pixels go to the raster layer (hatching thousands of slivers costs seconds).
 VECTOR_BLOCKS_MAX = 2_000
+# Above this many blocks the SVG holds the blocks and bubbles as one raster (at the PNG's resolution) rather
+# than a hatched path each: the main job's 1,500 blocks write in 0.17 s instead of 0.25 s, 87 KB instead of 190.
+SVG_VECTOR_BLOCKS_MAX = 500
 FloatOrArray = TypeVar("FloatOrArray", float, np.ndarray)  # closed forms work on one m or a grid of them
 PIPELINE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)
 
@@ -114,58 +117,20 @@ def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
-    width_pts = axes_width_pts(fig, ax)
-    pts_per_unit = width_pts / ((t_end - t0) * factor)
-    dense = DenseLayer(n, pixel_columns(width_pts), t0 * factor, t_end * factor)
-    bubble_id = dense.color_id(style.BUBBLE_COLOR)
-    idle_fractions = []
-    for i in range(n):
-        mine = blocks.row == i
-        gap_start, gap_dur = _row_gaps(blocks.start_s[mine], blocks.end_s[mine], t0, t1)
-        idle_fractions.append(float(gap_dur.sum()) / max(t1 - t0, 1e-12))
-        wide = (dense.px(gap_dur * factor) >= WIDE_PX) | (len(blocks) <= VECTOR_BLOCKS_MAX)
-        dense.add_many(np.full(int((~wide).sum()), i), np.full(int((~wide).sum()), bubble_id),
-                       gap_start[~wide] * factor, gap_dur[~wide] * factor)
-        ax.broken_barh(
-            list(zip((gap_start[wide] * factor).tolist(), (gap_dur[wide] * factor).tolist(), strict=True)),
-            (i - 0.4, 0.8),
-            facecolors=style.BUBBLE_COLOR,
-            edgecolors="#C07070",
-            linewidths=0.0,
-            hatch=style.BUBBLE_HATCH,
-            zorder=1,
-        )
+    # Everything that takes part in the layout first (the idle shares right of the axes, the titles, the
+    # legend), so that the layout is done once; then the blocks and bubbles, which stay inside the axes.
+    gaps = [_row_gaps(blocks.start_s[blocks.row == i], blocks.end_s[blocks.row == i], t0, t1) for i in range(n)]
+    idle_fractions = [float(gap_dur.sum()) / max(t1 - t0, 1e-12) for _, gap_dur in gaps]
+    for i, idle in enumerate(idle_fractions):
         ax.annotate(
-            f"{idle_fractions[-1]:.1%} idle",
+            f"{idle:.1%} idle",
             xy=(1.005, i),
             xycoords=("axes fraction", "data"),
             va="center",
             fontsize=8,
             color="#8A3030",
         )
-
     categories = {table.categories[c] for c in np.unique(blocks.category).tolist()}
-    lut = category_palette(dense, table, chunked)
-    odd = (blocks.chunk % 2 == 1) & chunked
-    narrow = dense.px((blocks.end_s - blocks.start_s) * factor) < WIDE_PX
-    if len(blocks) <= VECTOR_BLOCKS_MAX:
-        narrow[:] = False
-    nb = blocks.select(narrow)
-    dense.add_many(nb.row, lut[2 * nb.category + odd[narrow]], nb.start_s * factor, (nb.end_s - nb.start_s) * factor)
-    wb = blocks.select(~narrow)
-    for i in range(n):
-        mine = np.flatnonzero(wb.row == i).tolist()
-        spans = [Span(reps[i], STREAM_COMPUTE, "", table.categories[wb.category[k]], float(wb.start_s[k]),
-                      float(wb.end_s[k] - wb.start_s[k]),
-                      {"chunk": int(wb.chunk[k])}) for k in mine]
-        draw_spans(ax, i, spans, factor, pts_per_unit, chunked)
-    block_fs = min(8.0, row_pts * 0.8 * 0.6)
-    if block_fs >= MIN_LABEL_PT:
-        label_table_blocks(ax, table, blocks, factor, pts_per_unit, block_fs, chunked)
-    dense.draw(ax, zorder=1.5)
-    ax.set_ylim(max(n, 1) - 0.5, -0.5)
-    ax.set_xlim(t0 * factor, t_end * factor)
-
     if summary.get("bubble_fraction") is not None:
         bubble = f"bubble fraction {float(summary['bubble_fraction']):.1%}"
     else:
@@ -185,6 +150,48 @@ def schedule_figure(timeline: Timeline, summary: SummaryView) -> Figure:
     fig.legend(
         handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9
     )
+
+    width_pts = axes_width_pts(fig, ax, final=True)
+    pts_per_unit = width_pts / ((t_end - t0) * factor)
+    dense = DenseLayer(n, pixel_columns(width_pts), t0 * factor, t_end * factor)
+    bubble_id = dense.color_id(style.BUBBLE_COLOR)
+    for i, (gap_start, gap_dur) in enumerate(gaps):
+        wide = (dense.px(gap_dur * factor) >= WIDE_PX) | (len(blocks) <= VECTOR_BLOCKS_MAX)
+        dense.add_many(np.full(int((~wide).sum()), i), np.full(int((~wide).sum()), bubble_id),
+                       gap_start[~wide] * factor, gap_dur[~wide] * factor)
+        ax.broken_barh(
+            list(zip((gap_start[wide] * factor).tolist(), (gap_dur[wide] * factor).tolist(), strict=True)),
+            (i - 0.4, 0.8),
+            facecolors=style.BUBBLE_COLOR,
+            edgecolors="#C07070",
+            linewidths=0.0,
+            hatch=style.BUBBLE_HATCH,
+            zorder=1,
+        )
+
+    lut = category_palette(dense, table, chunked)
+    odd = (blocks.chunk % 2 == 1) & chunked
+    narrow = dense.px((blocks.end_s - blocks.start_s) * factor) < WIDE_PX
+    if len(blocks) <= VECTOR_BLOCKS_MAX:
+        narrow[:] = False
+    nb = blocks.select(narrow)
+    dense.add_many(nb.row, lut[2 * nb.category + odd[narrow]], nb.start_s * factor, (nb.end_s - nb.start_s) * factor)
+    wb = blocks.select(~narrow)
+    for i in range(n):
+        mine = np.flatnonzero(wb.row == i).tolist()
+        spans = [Span(reps[i], STREAM_COMPUTE, "", table.categories[wb.category[k]], float(wb.start_s[k]),
+                      float(wb.end_s[k] - wb.start_s[k]),
+                      {"chunk": int(wb.chunk[k])}) for k in mine]
+        draw_spans(ax, i, spans, factor, pts_per_unit, chunked)
+    block_fs = min(8.0, row_pts * 0.8 * 0.6)
+    if block_fs >= MIN_LABEL_PT:
+        label_table_blocks(ax, table, blocks, factor, pts_per_unit, block_fs, chunked)
+    dense.draw(ax, zorder=1.5)
+    if len(blocks) > SVG_VECTOR_BLOCKS_MAX:
+        for collection in ax.collections:  # the blocks and bubbles: one raster in the SVG (text stays text)
+            collection.set_rasterized(True)
+    ax.set_ylim(max(n, 1) - 0.5, -0.5)
+    ax.set_xlim(t0 * factor, t_end * factor)
     return fig
 
 

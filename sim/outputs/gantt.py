@@ -29,11 +29,19 @@ VECTOR_SPANS_MAX = 20_000
 
 @dataclass(frozen=True)
 class GanttRow:
-    """One drawn row: a stream of a GPU and the label shown for it."""
+    """One drawn row: a stream of a GPU and its full label ("<GPU label> · <stream>"; the chart writes the
+    GPU part once per GPU, see ``tick_labels``)."""
 
     gpu: int
     stream: str
     label: str
+
+
+def tick_labels(rows: list[GanttRow]) -> list[str]:
+    """The y labels: a GPU's first row names the GPU and its stream, the rows below it (up to the next
+    separator line) the stream alone; a GPU's label is long and said once it is as clear (and a fraction of
+    the text to lay out and render)."""
+    return [row.label if i == 0 or rows[i - 1].gpu != row.gpu else row.stream for i, row in enumerate(rows)]
 
 
 # ---------------------------------------------------------------------------------------------- selection
@@ -209,11 +217,17 @@ def legend_handles(categories: Iterable[str], chunked: bool, extra: list[Patch] 
     return handles + (extra or [])
 
 
-def axes_width_pts(fig: Figure, ax: Axes) -> float:
-    """Width of ``ax`` in points once the layout engine has placed it (decides which labels fit)."""
+def axes_width_pts(fig: Figure, ax: Axes, final: bool = False) -> float:
+    """Width of ``ax`` in points once the layout engine has placed it (decides which labels fit).
+
+    ``final``: every artist that takes part in the layout (tick labels, titles, legends, annotations outside
+    the axes) is in place, so this layout is the figure's last: the engine is then swapped for matplotlib's
+    placeholder, and saving does not lay the figure out a second time (``style.save_figure``)."""
     engine = fig.get_layout_engine()
     if engine is not None:
         engine.execute(fig)
+        if final:
+            fig.set_layout_engine("none")
     return ax.get_position().width * fig.get_figwidth() * 72.0
 
 
@@ -376,7 +390,7 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
 
     row_pts = row_in * 72.0
     label_fs = max(5.0, min(9.0, row_pts * 0.55))
-    ax.set_yticks(range(n), labels=[r.label for r in rows], fontsize=label_fs)
+    ax.set_yticks(range(n), labels=tick_labels(rows), fontsize=label_fs)
     ax.set_ylim(max(n, 1) - 0.5, -0.5)
     ax.set_xlim(lo * factor, hi * factor)
     ax.set_xlabel(f"time ({unit})")
@@ -391,17 +405,9 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
         if rows[i].gpu != rows[i - 1].gpu:
             ax.axhline(i - 0.5, color="#B0B0B0", linewidth=0.6, zorder=0.2)
 
-    width_pts = axes_width_pts(fig, ax)
-    pts_per_unit = width_pts / ((hi - lo) * factor)
-    dense = DenseLayer(n, pixel_columns(width_pts), lo * factor, hi * factor)
-    categories = draw_table_rows(ax, timeline, table, row_of, dense, factor, pts_per_unit, chunked)
-    block_fs = min(7.0, row_pts * 0.8 * 0.6)
-    if block_fs >= MIN_LABEL_PT:
-        label_table_blocks(ax, table, merged_blocks(table, row_of), factor, pts_per_unit, block_fs, chunked)
-    dense.draw(ax)
-    ax.set_ylim(max(n, 1) - 0.5, -0.5)
-    ax.set_xlim(lo * factor, hi * factor)
-
+    # Legend and titles before the layout, so that it is the only one (the spans drawn next stay inside the
+    # axes and the block numbers are out of the layout).
+    categories = {table.categories[c] for c in np.unique(table.category[drawn]).tolist()}
     idle = Patch(facecolor=style.IDLE_COLOR, edgecolor="#B0B0B0", label="idle")
     handles = legend_handles(categories, chunked, [idle])
     fig.legend(
@@ -410,6 +416,17 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
     fig.suptitle(style.title_figures(summary) or "Timeline", fontsize=12)
     if note:
         ax.set_title(note, fontsize=9, loc="left", color="#444444")
+
+    width_pts = axes_width_pts(fig, ax, final=True)
+    pts_per_unit = width_pts / ((hi - lo) * factor)
+    dense = DenseLayer(n, pixel_columns(width_pts), lo * factor, hi * factor)
+    draw_table_rows(ax, timeline, table, row_of, dense, factor, pts_per_unit, chunked)
+    block_fs = min(7.0, row_pts * 0.8 * 0.6)
+    if block_fs >= MIN_LABEL_PT:
+        label_table_blocks(ax, table, merged_blocks(table, row_of), factor, pts_per_unit, block_fs, chunked)
+    dense.draw(ax)
+    ax.set_ylim(max(n, 1) - 0.5, -0.5)
+    ax.set_xlim(lo * factor, hi * factor)
     return fig
 
 

@@ -2,8 +2,10 @@
 
 For large timelines the two big text files are written by a forked child while this process draws the
 charts (they share nothing but the timeline, which the fork copies for free), so on a machine with two
-cores the outputs cost about what the slower half does. Progress goes to stderr when writing takes more
-than a couple of seconds (tqdm, on a terminal only).
+cores the outputs cost about what the slower half does. When the text files are the heavier half the child
+is forked before matplotlib is even imported (its import is then part of this process's half), and this
+process draws every chart; when they are light the child draws the charts other than the Gantt as well.
+Progress goes to stderr when writing takes more than a couple of seconds (tqdm, on a terminal only).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from sim.outputs.writers import (
 from sim.scenario.load import dump_resolved
 
 PARALLEL_MIN_SPANS = 5_000  # below this the outputs take well under a second: no process is worth it
-# Rough costs on one core, to split the work between the two processes: the text files take ~8 µs per
-# span (timeline.csv + trace.json of the 175B run: 1.2 s for 150,442 spans); the charts at least ~1.5 s,
-# the Gantt about half of that (more with many micro-batch labels: 2.7 of 4.7 s at 16,384 GPUs).
-TEXT_S_PER_SPAN = 8e-6
+# Rough costs on one core, to split the work between the two processes: the text files take ~10 µs per
+# span (timeline.csv + trace.json of the 175B run: 1.45 s for 151,345 spans); the charts at least ~1.5 s
+# with matplotlib's import (0.5 s), the Gantt about half of the drawing.
+TEXT_S_PER_SPAN = 10e-6
 CHARTS_S = 1.5
 TRACE_GZIP_LEVEL = 1  # fastest level: ~7× smaller than the JSON for a few tenths of a second per 10⁵ spans
 PROGRESS_DELAY_S = 2.0
+ALL_CHARTS = ("gantt", "pipeline", "memory", "goodput")  # the stems sim.outputs.charts.draw_all draws
 
 
 def trace_name(gzipped: bool) -> str:
@@ -62,9 +65,11 @@ def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trac
     gc.disable()  # short-lived: a collection would walk (and so copy, page by page) the parent's whole heap
     try:
         _write_big_files(timeline, out_dir, meta, trace, trace_gz)
-        from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
+        drawn: list[Path] = []
+        if parent_charts != ALL_CHARTS:
+            from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
 
-        drawn = draw_all(timeline, summary, out_dir, skip=parent_charts)
+            drawn = draw_all(timeline, summary, out_dir, skip=parent_charts)
         reply.send([str(p) for p in drawn])
     except KeyboardInterrupt:
         sys.exit(130)
@@ -112,14 +117,15 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
     bar = tqdm(total=len(steps), desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
                disable=None, leave=False)
     with bar:
-        if charts:  # lazy: matplotlib (≈ 0.5 s to import) only when charts are drawn
-            from sim.outputs.charts import draw_all
         ctx = _fork_context() if charts and len(timeline.spans) >= PARALLEL_MIN_SPANS else None
         child = None
-        # Balance the two processes: the child writes the text files and the charts this one leaves it:
-        # the small charts when the text files are heavy, all but the Gantt when they are light.
+        # Balance the two processes: the child writes the text files, and when they are light it also draws
+        # every chart but the Gantt (then matplotlib is imported before the fork, for both); when they are
+        # heavy this process imports matplotlib after the fork and draws every chart itself.
         heavy = len(timeline.spans) * TEXT_S_PER_SPAN >= CHARTS_S / 2
-        parent_charts = ("gantt", "pipeline") if heavy else ("gantt",)
+        parent_charts = ALL_CHARTS if heavy else ("gantt",)
+        if ctx is not None and not heavy:  # the child draws charts too: import matplotlib (≈ 0.5 s) once, for both
+            import sim.outputs.charts  # noqa: F401
         if ctx is not None:
             span_table(timeline)  # built once, before the fork: both processes read the same columns
             receive, reply = ctx.Pipe(duplex=False)
@@ -132,6 +138,8 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
             bar.update()
         chart_paths: list[Path] = []
         if charts:
+            from sim.outputs.charts import draw_all  # lazy: matplotlib only when charts are drawn
+
             chart_paths = draw_all(timeline, result.summary, out_dir, only=parent_charts if child else None)
         if child is not None:
             drawn = None

@@ -87,6 +87,7 @@ MEMORY_COLORS: dict[str, str] = {
 
 STREAM_ORDER: tuple[str, ...] = (tl.STREAM_COMPUTE, tl.STREAM_COMM, tl.STREAM_P2P)
 PNG_DPI = 110
+PNG_COMPRESS_LEVEL = 3  # zlib level: the Gantt of a large run encodes in 0.04 s instead of 0.08 s, 5 % larger
 
 
 def category_color(category: str) -> str:
@@ -141,15 +142,20 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     engine = fig.get_layout_engine()
-    if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
-        # Lay the figure out once for both formats (each savefig would redo it: a quarter of the cost).
-        engine.execute(fig)
-        fig.set_layout_engine("none")
+    if engine is not None:
+        # Lay the figure out once for both formats (each savefig would redo it: a quarter of the cost), then
+        # drop the engine altogether: with any engine left, even matplotlib's placeholder, every savefig first
+        # draws the whole figure once without output (text layout included) before its real draw.
+        if not isinstance(engine, PlaceHolderLayoutEngine):
+            engine.execute(fig)
+        with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)  # None, whatever a user's matplotlibrc asks for
     written = []
-    for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
+    for fmt, options in (("png", {"metadata": {"Software": None}, "pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}}),
+                         ("svg", {"metadata": {"Date": None}})):
         final = out_stem.with_name(f"{out_stem.name}.{fmt}")
         with atomic_open(final, "wb") as fh, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dtsim"}):
-            fig.savefig(fh, format=fmt, dpi=PNG_DPI, metadata=metadata)
+            fig.savefig(fh, format=fmt, dpi=PNG_DPI, **options)
         written.append(final)
     return written
 

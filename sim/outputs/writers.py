@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import repeat
 from json import encoder as je
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from sim.engine.span_table import span_table
-from sim.engine.timeline import Timeline
+from sim.engine.timeline import CounterSample, Timeline
 
 
 def _umask() -> int:
@@ -158,20 +159,66 @@ def _compact_encoder():
     return lambda o: "".join(c_enc(o, 0))
 
 
+def _json_strings(enc, texts: list[str]) -> list[str]:
+    """The JSON of every string of ``texts``: one encoder call for the list, split at its separators. An
+    escaped quote inside a text can fake a separator; then the split yields too many parts, and each text is
+    encoded on its own instead."""
+    if not texts:
+        return []
+    parts = enc(texts)[2:-2].split('","')
+    if len(parts) != len(texts):
+        return list(map(enc, texts))
+    return list(map('"{}"'.format, parts))
+
+
+def _threads(table) -> tuple[list[tuple[int, int, int, int]], np.ndarray]:
+    """The trace's threads, one (first span, GPU, tid, stream code) per (GPU, stream) in the order the spans
+    first show it (a known stream keeps its fixed tid, any other gets 10 + how many came before), and the
+    index in that list of every span's thread."""
+    width = max(len(table.streams), 1)
+    key = table.gpu * width + table.stream
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    seen = np.argsort(first, kind="stable")  # unique keys in order of appearance
+    threads = []
+    for n, u in enumerate(seen.tolist()):
+        gpu, stream = divmod(int(uniq[u]), width)
+        threads.append((int(first[u]), gpu, STREAM_ORDER.get(table.streams[stream], 10 + n), stream))
+    position = np.empty(len(uniq), dtype=np.int64)
+    position[seen] = np.arange(len(uniq))
+    return threads, position[inverse.reshape(-1)]
+
+
+def _unit_name(name: str) -> str:
+    """A counter track named in the unit the trace shows it in (``*_bytes`` → ``*_GB``)."""
+    return name[: -len("_bytes")] + "_GB" if name.endswith("_bytes") else name
+
+
+def _counter_events(enc, counters: list[CounterSample]) -> list[str]:
+    """The "C" events of the counter tracks (memory over time), formatted column-wise like the spans."""
+    if not counters:
+        return []
+    gpus = [c.gpu for c in counters]
+    ts = [float(c.t_s) * 1e6 for c in counters]
+    gb = [float(c.value) / 1e9 for c in counters]
+    if not ({type(g) for g in gpus} <= {int} and np.isfinite(ts).all() and np.isfinite(gb).all()):
+        return [enc({"ph": "C", "pid": c.gpu, "name": _unit_name(c.name), "ts": t, "args": {"GB": v}})
+                for c, t, v in zip(counters, ts, gb, strict=True)]  # the encoder's own text for inf and nan
+    names = {n: enc(_unit_name(n)) for n in {c.name for c in counters}}
+    return list(map("".join, zip(repeat('{"ph":"C","pid":'), _reprs(gpus), repeat(',"name":'),
+                                 [names[c.name] for c in counters], repeat(',"ts":'), _reprs(ts),
+                                 repeat(',"args":{"GB":'), _reprs(gb), repeat("}}"))))
+
+
 def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None) -> None:
     """Chrome trace event format (JSON object form), streamed: pid = GPU, tid = stream, times in µs.
 
-    Memory counter tracks use "C" events; process and thread names come from the timeline labels. Each
-    event is formatted on its own (names cached, args through the C JSON encoder) and written in chunks,
-    so a 10⁶-span trace never exists as one list of dicts."""
+    Memory counter tracks use "C" events; process and thread names come from the timeline labels. Events
+    are built a chunk of spans at a time, column by column: numbers from the span table through C list
+    reprs, pid/tid and category texts once per distinct value, names in one encoder call, args once per
+    distinct set, and each event joined from its pieces in C, so a 10⁶-span trace never exists as one list
+    of dicts and no Python code runs per field."""
     enc = _compact_encoder()
-    names: dict[str, str] = {}
-
-    def js(text: str) -> str:
-        hit = names.get(text)
-        if hit is None:
-            hit = names[text] = enc(text)
-        return hit
+    table = span_table(timeline)
 
     out: list[str] = []
     for g in timeline.gpus:
@@ -187,7 +234,6 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
             first = False
             out.clear()
 
-    tids: dict[tuple[int, str], int] = {}
     args_json: dict[tuple, str] = {}
 
     def args_text(args: dict) -> str:
@@ -200,33 +246,33 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
             hit = args_json[key] = enc(args)
         return hit
 
-    x_event = '{{"ph":"X","pid":{},"tid":{},"name":{},"cat":{},"ts":{},"dur":{},"args":{}}}'.format
+    threads, thread_of = _threads(table)
+    pid_tid = np.array([f'{{"ph":"X","pid":{gpu},"tid":{tid},"name":' for _, gpu, tid, _ in threads] or [""],
+                       dtype=object)
+    category = np.array([f',"cat":{enc(c)},"ts":' for c in table.categories] or [""], dtype=object)
     spans = timeline.spans
+    thread = 0
     for lo in range(0, len(spans), CHUNK_LINES):
-        part = spans[lo : lo + CHUNK_LINES]
-        tid_of = []
-        for s in part:
-            key = (s.gpu, s.stream)
-            tid = tids.get(key)
-            if tid is None:
-                tid = tids[key] = STREAM_ORDER.get(s.stream, 10 + len(tids))
-                # thread names are metadata: Perfetto reads them wherever they stand in the file
-                out.append(f'{{"ph":"M","pid":{s.gpu},"tid":{tid},"name":"thread_name","args":{{"name":{js(s.stream)}}}}}')
-            tid_of.append(tid)
-        out.extend(map(
-            x_event,
-            _reprs([s.gpu for s in part]),
-            _reprs(tid_of),
-            [js(s.name) for s in part],
-            [js(s.category) for s in part],
-            _reprs([s.start_s * 1e6 for s in part]),
-            _reprs([s.dur_s * 1e6 for s in part]),
+        hi = min(lo + CHUNK_LINES, len(spans))
+        part = spans[lo:hi]
+        while thread < len(threads) and threads[thread][0] < hi:
+            # thread names are metadata: Perfetto reads them wherever they stand in the file
+            _, gpu, tid, stream = threads[thread]
+            out.append(f'{{"ph":"M","pid":{gpu},"tid":{tid},"name":"thread_name","args":{{"name":{enc(table.streams[stream])}}}}}')
+            thread += 1
+        out.extend(map("".join, zip(
+            pid_tid[thread_of[lo:hi]].tolist(),
+            _json_strings(enc, [s.name for s in part]),
+            category[table.category[lo:hi]].tolist(),
+            _reprs((table.start_s[lo:hi] * 1e6).tolist()),
+            repeat(',"dur":'),
+            _reprs((table.dur_s[lo:hi] * 1e6).tolist()),
+            repeat(',"args":'),
             [args_text(s.args) for s in part],
-        ))
+            repeat("}"),
+        )))
         flush()
-    for c in timeline.counters:
-        name = c.name[: -len("_bytes")] + "_GB" if c.name.endswith("_bytes") else c.name  # named in its unit
-        out.append(enc({"ph": "C", "pid": c.gpu, "name": name, "ts": c.t_s * 1e6, "args": {"GB": c.value / 1e9}}))
+    out.extend(_counter_events(enc, timeline.counters))
     flush()
     fh.write(f'],"displayTimeUnit":"ms","otherData":{enc(meta or {})}}}')
 

@@ -102,7 +102,7 @@ class Estimate:
     step_time_s: float
     compute_s: float  # busy compute per GPU per step (the slowest stage)
     bubble_fraction: float
-    tp_comm_s: float  # tensor-parallel collectives per step (blocking, on the critical path)
+    tp_comm_s: float  # what tensor-parallel collectives add to the step (blocking ones whole; overlapped, the rest)
     p2p_s: float  # exposed pipeline send/recv per step
     dp_exposed_s: float  # data-parallel sync not hidden behind the backward pass
     dp_comm_s: float  # data-parallel traffic time in total

@@ -13,6 +13,8 @@ from dataclasses import replace
 
 from sim.explore.estimate import Candidate, Estimator
 from sim.explore.search import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
+from sim.training.step_work import tp_backward_overlap
+from sim.workload import transformer as tf
 
 GB = 1e9
 CHECKPOINT_WHAT = {
@@ -93,10 +95,17 @@ def _tensor(result: PlanResult, win: Screened) -> str:
             f"on {cl.intra_node.name} inside a node ({cl.intra_node.bandwidth_Bps / GB:.0f} GB/s, vs "
             f"{cl.inter_node.bandwidth_Bps / GB:.0f} GB/s per {cl.inter_node.name} NIC)"
         )
+        lo = tf.layer_ops(est.dims, micro_batch=c.micro_batch, tp=c.tensor, sequence_parallel=c.sequence_parallel,
+                          dtype=est.precision, attention=est.model.attention,
+                          tp_backward_overlap=tp_backward_overlap(est.kernels, c.tensor, c.schedule))
+        n_fwd = sum(1 for s in lo.forward if s.comm)
+        n_bwd = sum(1 for s in lo.backward_input if s.comm)
+        beside = sum(1 for s in lo.backward_input if s.comm and s.overlap)
+        besides = f", {beside} of them beside a GEMM" if beside else ""
         why = (
-            f"TP {c.tensor}: splits each layer's weights and GEMMs {c.tensor} ways; its "
-            f"{4 if c.sequence_parallel else 2} tensor {kind} per layer ({size_mb:.0f} MB each, forward and "
-            f"backward) stay {where}; est. {e.tp_comm_s:.2f} s of TP communication per step"
+            f"TP {c.tensor}: splits each layer's weights and GEMMs {c.tensor} ways; its tensor {kind} "
+            f"({n_fwd} per layer forward, {n_bwd} backward{besides}; {size_mb:.0f} MB each) stay {where}; "
+            f"est. {e.tp_comm_s:.2f} s added to the step by TP communication"
         )
     return why + slower(win, best_other(result, win, "tensor"), "tensor")
 

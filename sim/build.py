@@ -204,11 +204,12 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     tp_overlap = sw.tp_backward_overlap(ks, t, par.schedule)
     if moe is None:
         lo = tf.layer_ops(dl, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                          tp_backward_overlap=tp_overlap)
+                          tp_backward_overlap=tp_overlap, flash_kernel=sw.flash_kernel(tr.flash_attention))
         if tp_overlap:  # the weight-gradient GEMMs sit in the backward, priced as weight_blocks prices them
             lo = replace(lo, backward_input=sw.inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     else:
-        lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype)
+        lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype,
+                               flash_kernel=sw.flash_kernel(tr.flash_attention))
     lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
                                kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     host = ks.host_dispatch_us * 1e-6

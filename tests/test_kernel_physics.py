@@ -337,3 +337,36 @@ def test_megatron_core_buckets_only_the_first_stage_first_chunk() -> None:
         else:  # one collective per chunk
             assert sorted(syncs) == pytest.approx(sorted(chunk_grads))
         assert sum(syncs) == pytest.approx(sum(chunk_grads))
+
+
+def test_flash_attention_v1_priced_from_its_own_public_figures() -> None:
+    """training.flash_attention v1 (FlashAttention of 2022, its Triton port): 40 % of the A100's peak
+    forward and 25 % backward at long sequences (FlashAttention-2 paper: FlashAttention reaches 25-40 %),
+    times s/(s + 256) as the FlashAttention-2 fit; against FlashAttention-2's 72 % / 60 %."""
+    cost = RooflineCostModel(A100)
+    kw = dict(micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16")
+    lo1 = tf.layer_ops(GPT3, **kw, flash_kernel="v1")
+    fwd = next(op for s in lo1.forward for op in s.ops if op.name == "attention")
+    bwd = next(op for s in lo1.backward_input for op in s.ops if op.name == "attention.bwd")
+    short = 2048 / (2048 + 256)
+    assert cost.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / (312e12 * 0.40 * short) + A100.kernel_launch_s,
+                                                rel=1e-9)
+    assert cost.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / (312e12 * 0.25 * short)
+                                                + A100.kernel_launch_s, rel=1e-9)
+    lo2 = tf.layer_ops(GPT3, **kw)
+    fwd2 = next(op for s in lo2.forward for op in s.ops if op.name == "attention")
+    assert cost.op_time_s(fwd) > 1.7 * cost.op_time_s(fwd2)
+
+
+def test_flash_attention_v1_without_public_figures_is_one_clear_line(tmp_path, capsys) -> None:
+    from sim.cli import main
+
+    sc = _tiny(cluster__gpu="H100-SXM", training__flash_attention="v1")
+    path = tmp_path / "h100-v1.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(path), "--no-charts", "--no-trace", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "training.flash_attention" in err and "Traceback" not in err, err
+    assert "H100-SXM" in err and "latest" in err

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.cost.gemm_model import GemmShapeModel
@@ -49,6 +49,8 @@ class ReferenceProfile:
     memory_fraction: float
     sources: dict
     fp8_vs_bf16_fraction: float = 1.0  # fp8 GEMMs reach this share of bf16's fraction of peak
+    # Older FlashAttention generations the profile has public figures for, by ``Op.kernel`` ("v1").
+    flash_by_kernel: dict[str, FlashAttentionFit] = field(default_factory=dict)
 
     def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float,
                    dtype: str = "bf16") -> GemmShapeModel:
@@ -76,15 +78,21 @@ def reference_profile(gpu_name: str) -> ReferenceProfile | None:
     if data.get("kind") != REFERENCE_KIND:
         raise ValueError(f"{path}: not a {REFERENCE_KIND}")
     g, fa, mem = data["fits"]["gemm"], data["fits"]["flash_attention"], data["fits"]["memory"]
+
+    def flash_fit(f: dict) -> FlashAttentionFit:
+        return FlashAttentionFit(float(f["fwd_fraction"]), float(f["bwd_fraction"]), float(f["seq_half"]),
+                                 float(f["head_dim_64_factor"]), str(f.get("kernel", "")))
+
     return ReferenceProfile(
         name=name, path=path,
         gemm_mamf_flops_per_s=float(g["mamf_flops_per_s"]),
         gemm_mamf_shape=tuple(int(x) for x in g["mamf_shape"]),  # type: ignore[arg-type]
         sustained_clock_ratio=float(g["sustained_clock_ratio"]),
         k_overhead=float(g["k_overhead"]), tile_feed=float(g["tile_feed"]),
-        flash=FlashAttentionFit(float(fa["fwd_fraction"]), float(fa["bwd_fraction"]), float(fa["seq_half"]),
-                                float(fa["head_dim_64_factor"]), str(fa.get("kernel", ""))),
+        flash=flash_fit(fa),
         memory_fraction=float(mem["stream_fraction"]),
         sources=dict(data.get("sources", {})),
         fp8_vs_bf16_fraction=float(g.get("fp8_vs_bf16_fraction", 1.0)),
+        flash_by_kernel={key[len("flash_attention_"):]: flash_fit(f) for key, f in data["fits"].items()
+                         if key.startswith("flash_attention_")},
     )

@@ -63,9 +63,18 @@ class RooflineCostModel:
         return model.ceiling_flops_per_s
 
     def attention_flops_per_s(self, op: Op) -> float:
+        """The fused attention kernel's rate: the reference profile's fit for its FlashAttention generation
+        (``op.kernel``; "" the profile's own), else ``attention_efficiency`` × peak."""
         head_dim, seq = op.k or 128, op.n or 2048
         if self.reference is not None:
-            fraction = self.reference.flash.fraction(seq, head_dim, op.backward)
+            fit = self.reference.flash_by_kernel.get(op.kernel) if op.kernel else self.reference.flash
+            if fit is None:
+                have = ", ".join(["latest", *sorted(self.reference.flash_by_kernel)])
+                raise ScenarioError(
+                    f"{op.kernel!r} — the {self.gpu.name} reference profile has no public FlashAttention "
+                    f"{op.kernel} figures (it has: {have}); use latest, or calibrate this GPU",
+                    "training.flash_attention")
+            fraction = fit.fraction(seq, head_dim, op.backward)
         else:
             fraction = self.gpu.attention_efficiency
         return self._peak(op.dtype) * fraction

@@ -32,6 +32,7 @@ from sim.training.step_work import (
     H2D_Bps,
     accumulate_block,
     blocks,
+    flash_kernel,
     grad_bucket_bytes,
     inline_wgrads,
     main_grad_bytes,
@@ -218,7 +219,7 @@ class Estimator:
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         gb, eb = self.gbytes, self.ebytes
         lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                          tp_backward_overlap=tp_overlap)
+                          tp_backward_overlap=tp_overlap, flash_kernel=flash_kernel(self.training.flash_attention))
         if tp_overlap:  # as sim.build prices them
             lo = tf.LayerOps(lo.forward, inline_wgrads(lo.backward_input, ks, gb, eb), lo.backward_weight)
         group = self._tp_group(t)

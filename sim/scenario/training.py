@@ -113,6 +113,11 @@ class Training(_Strict):
         "and fused, e.g. megatron-lm-2021 (bmm attention, fp32 grad-accumulation pass) or "
         "transformer-engine (flash attention, fused kernels)",
     )
+    flash_attention: Literal["latest", "v1"] = Field(
+        "latest", description="the FlashAttention generation the stack ran (model.attention: flash): latest "
+        "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100) or v1 (FlashAttention of "
+        "2022 and its Triton port, e.g. llm-foundry's attn_impl: triton in 2023)",
+    )
     grad_clip: float | None = Field(
         1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "
         "a norm pass over the gradients and its all-reduce; null = no clipping",

@@ -155,6 +155,11 @@ def inline_wgrads(segments: tuple[Segment, ...], ks: KernelSet, gbytes: int, eby
                  for seg in segments)
 
 
+def flash_kernel(flash_attention: str) -> str:
+    """``Op.kernel`` of the fused attention for ``training.flash_attention`` ("" = the GPU profile's own)."""
+    return "" if flash_attention == "latest" else flash_attention
+
+
 def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
     """Whether the layers' backward overlaps its column-parallel collectives with the weight-gradient
     GEMMs (the kernel set does, there is TP, and the schedule does not run the weight gradients apart)."""

@@ -18,9 +18,11 @@ _FP32_BYTES = 4
 _MASK_BYTES = 1  # dropout mask, one byte per element
 
 
-def flash_attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool) -> Op:
+def flash_attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: str, backward: bool,
+                       kernel: str = "") -> Op:
     """Fused (flash) attention core on this GPU's heads: 4bs²h/t model FLOPs forward, twice that backward;
-    causal (decoder-only), so the kernel skips the masked half (the cost model prices that)."""
+    causal (decoder-only), so the kernel skips the masked half (the cost model prices that). ``kernel``: the
+    FlashAttention generation ("" = the GPU reference profile's own, "v1" = FlashAttention of 2022)."""
     s, heads_t = d.seq_len, d.heads // tp
     e = DTYPE_BYTES[dtype]
     tokens = b * s
@@ -45,6 +47,7 @@ def flash_attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: st
         batch=b * heads_t,
         backward=backward,
         causal=True,
+        kernel=kernel,
     )
 
 

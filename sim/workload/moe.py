@@ -90,7 +90,7 @@ def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp:
 
 
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
-              sequence_parallel: bool, dtype: str) -> tf.LayerOps:
+              sequence_parallel: bool, dtype: str, flash_kernel: str = "") -> tf.LayerOps:
     """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives)."""
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
@@ -120,7 +120,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
                             flops=2.0 * routed * h)
 
     norm1 = tf._norm_fwd("norm1", local, h, act)
-    core = flash_attention_op("attention", d, b, t, act, backward=False)
+    core = flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel)
     add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act)
     norm2 = tf._norm_fwd("norm2", local, h, act)
     mlp_act = tf._activation_fwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)
@@ -165,7 +165,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     router_b = gemm("router.dgrad", mine, h, moe.experts, dtype)
     norm2_b = tf._norm_bwd("norm2.bwd", local, h, act)
     add1_b = tf._dropout_add_bwd("attn_dropout_add.bwd", local, h, act)
-    core_b = flash_attention_op("attention.bwd", d, b, t, act, backward=True)
+    core_b = flash_attention_op("attention.bwd", d, b, t, act, backward=True, kernel=flash_kernel)
     norm1_b = tf._norm_bwd("norm1.bwd", local, h, act)
     grad_col = tf._conjugate(before_col, t)  # RS with SP, AR without
     ep_comm = ALL_TO_ALL_EP if ep > 1 else None

@@ -19,7 +19,8 @@ class Op:
     For GEMMs, (m, n, k) is the per-GPU shape and ``batch`` the number of such GEMMs (flops covers all).
     Fused attention keeps (m, n, k) = (queries, keys, head_dim) of one head and batch = b × heads; its
     ``flops`` follow the model-FLOP convention (4bs²h forward, twice that backward, mask not halved), and
-    ``backward``/``causal`` tell the cost model what the kernel really executes.
+    ``backward``/``causal`` tell the cost model what the kernel really executes, ``kernel`` which
+    FlashAttention generation runs it.
     """
 
     name: str
@@ -34,6 +35,7 @@ class Op:
     fixed_s: float = 0.0
     backward: bool = False
     causal: bool = False
+    kernel: str = ""  # fused attention: the FlashAttention generation ("" = the GPU profile's own; "v1")
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1) -> Op:

@@ -310,10 +310,12 @@ def _wgrad(op: Op) -> Op:
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
+    flash_kernel: str = "",
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
-    ``attention``: "flash" (one fused kernel) or "standard" (batched GEMMs, softmax and, with
+    ``attention``: "flash" (one fused kernel, of generation ``flash_kernel``: see ``Op.kernel``) or
+    "standard" (batched GEMMs, softmax and, with
     ``attention_dropout_kernel``, a dropout kernel over the scores: see ``sim.workload.attention.standard_attention``).
 
     Forward (no SP): [norm1, QKV, attention, out-proj] → AR; [dropout-add1, norm2, MLP up, act, MLP down] → AR;
@@ -350,8 +352,9 @@ def layer_ops(
         raise ScenarioError(f"{attention!r} is not one of flash, standard", field="model.attention")
     norm1 = _norm_fwd("norm1", local, h, act)
     if attention == "flash":
-        core: tuple[Op, ...] = (flash_attention_op("attention", d, b, t, act, backward=False),)
-        core_b: tuple[Op, ...] = (flash_attention_op("attention.bwd", d, b, t, act, backward=True),)
+        core: tuple[Op, ...] = (flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel),)
+        core_b: tuple[Op, ...] = (flash_attention_op("attention.bwd", d, b, t, act, backward=True,
+                                                     kernel=flash_kernel),)
     else:
         core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel)
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from sim.errors import ScenarioError
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
-from sim.training.step_work import grad_bucket_bytes, reduced_grad_bytes
+from sim.training.step_work import grad_bucket_bytes, reduced_grad_bytes, tp_backward_overlap
+from sim.workload.kernels import KERNEL_SETS
 from sim.workload.transformer import model_params
 
 if TYPE_CHECKING:
@@ -125,7 +126,11 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     # collective apart, so its transfers no longer move in lockstep.
     lockstep = symmetric or not (c.stragglers or c.random_stragglers or c.jitter
                                  or (c.gpu_speed_spread > 0 and par.world_size > 1))
-    tp_occurrences = sim_gpus * mb * per_gpu_layers * 4 if t > 1 else 0.0
+    # All-reduce equivalents per layer and micro-batch: 4 (2 forward, 2 backward; with SP each is an
+    # all-gather plus a reduce-scatter), + 1 for SP's two backward re-gathers where the stack overlaps them.
+    regather = (isinstance(sc.model, TransformerModel) and par.sequence_parallel
+                and tp_backward_overlap(KERNEL_SETS[tr.kernels], t, par.schedule))
+    tp_occurrences = sim_gpus * mb * per_gpu_layers * (5 if regather else 4) if t > 1 else 0.0
     # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
     tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t, lockstep)
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)

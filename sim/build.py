@@ -6,7 +6,7 @@ This is the only module that knows all three; the executor runs what it builds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -201,12 +201,9 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     cp, seq = par.cp, m.seq_len // par.cp
     dl = ctx.local_dims(d, cp)
     kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
-    tp_overlap = sw.tp_backward_overlap(ks, t, par.schedule)
     if moe is None:
-        lo = tf.layer_ops(dl, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                          tp_backward_overlap=tp_overlap, flash_kernel=sw.flash_kernel(tr.flash_attention))
-        if tp_overlap:  # the weight-gradient GEMMs sit in the backward, priced as weight_blocks prices them
-            lo = replace(lo, backward_input=sw.inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
+        lo = sw.dense_layer_ops(dl, **kw, attention=m.attention, ks=ks, schedule=par.schedule,
+                                flash_attention=tr.flash_attention, gbytes=gbytes, ebytes=ebytes)
     else:
         lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype,
                                flash_kernel=sw.flash_kernel(tr.flash_attention))

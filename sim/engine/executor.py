@@ -18,6 +18,7 @@ syncs) share the per-GPU state (streams, events, memory, interference); splittin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import simpy
 
@@ -57,6 +58,8 @@ from sim.schedules.actions import Action, build_schedule
 
 STREAM_DP = "dp"
 
+
+_BLOCK_COMM_CATEGORY = {"ep": COMM_EP, "cp": COMM_CP}  # span category of a block's collective by group; else TP
 
 class TrainingExecutor:
     def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
@@ -339,7 +342,7 @@ class TrainingExecutor:
             jittered: float | None = None
             if b.overlap and b.comm and b.comm_bytes > 0:
                 op, kind = b.comm_op_kind
-                if self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1:
+                if self._has_peers(g, kind):
                     wait, finish = 0.0, None
                     if var is not None and kind == "tp":  # the collective starts with the group's last member
                         jittered, wait, finish = var.overlapped_block(g, step, b.dur_s)
@@ -366,15 +369,18 @@ class TrainingExecutor:
             if b.overlap or not b.comm or b.comm_bytes <= 0:  # most blocks: no collective (parse nothing)
                 continue
             op, kind = b.comm_op_kind
-            if self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1:
+            if self._has_peers(g, kind):
                 start = env.now
                 yield from self._collective(g, kind, op, b.comm_bytes)
-                cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
-                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", cat, start,
+                world.span(g, STREAM_COMM, f"{prefix} {b.name} {op}", _BLOCK_COMM_CATEGORY.get(kind, COMM_TP), start,
                            {"bytes": b.comm_bytes, "op": op, **args})
 
+    def _has_peers(self, g: int, kind: str) -> bool:
+        """Whether a block's collective on g's ``kind`` group has anyone to talk to."""
+        return self.job.tp > 1 if kind == "tp" else len(self._group(g, kind)) > 1
+
     def _beside(self, g: int, kind: str, op: str, b: Block, args: dict, prefix: str, wait_s: float = 0.0,
-                finish=None):
+                finish: Callable[[float], None] | None = None):
         """Process: block ``b``'s collective, run beside its compute (Megatron's asynchronous backward
         collectives); while it is in flight its NCCL kernels slow that compute (``_compute``). With
         symmetric jitter it starts ``wait_s`` later, when the slowest member of the group g stands for
@@ -387,8 +393,8 @@ class TrainingExecutor:
         self._comm_end(g)
         if finish is not None:
             finish(self.env.now - start)
-        cat = {"ep": COMM_EP, "cp": COMM_CP}.get(kind, COMM_TP)
-        self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped)", cat, start,
+        self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped)",
+                        _BLOCK_COMM_CATEGORY.get(kind, COMM_TP), start,
                         {"bytes": b.comm_bytes, "op": op, **args})
 
     def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):

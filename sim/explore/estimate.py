@@ -28,18 +28,17 @@ from sim.engine.variability import expected_slowest
 from sim.errors import ScenarioError
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
+from sim.schedules.actions import SPLIT_BACKWARD
 from sim.training.step_work import (
     H2D_Bps,
     accumulate_block,
     blocks,
-    flash_kernel,
+    dense_layer_ops,
     grad_bucket_bytes,
-    inline_wgrads,
     main_grad_bytes,
     megatron_optimizer,
     op_block,
     optimizer_block,
-    tp_backward_overlap,
     weight_blocks,
     zero1_all_reduces_grads,
 )
@@ -212,16 +211,16 @@ class Estimator:
     def _tp_group(self, t: int) -> list[int]:
         return list(range(t))
 
-    # ---- per-layer times (cached per tensor width, micro-batch, SP and checkpointing) ---------------
-    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str, tp_overlap: bool = False) -> _LayerTimes:
+    # ---- per-layer times (cached per tensor width, micro-batch, SP, checkpointing, W apart or not) ----
+    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str, schedule: str) -> _LayerTimes:
+        """Per-layer times; ``schedule`` only as far as it decides the backward's TP overlap (the cache
+        key uses "1f1b" for every schedule that runs weight gradients in the backward)."""
         d, dtype, cost, host, ks = self.dims, self.precision, self.cost, self.host_s, self.kernels
         m = self.model
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         gb, eb = self.gbytes, self.ebytes
-        lo = tf.layer_ops(d, **kw, attention=m.attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                          tp_backward_overlap=tp_overlap, flash_kernel=flash_kernel(self.training.flash_attention))
-        if tp_overlap:  # as sim.build prices them
-            lo = tf.LayerOps(lo.forward, inline_wgrads(lo.backward_input, ks, gb, eb), lo.backward_weight)
+        lo = dense_layer_ops(d, **kw, attention=m.attention, ks=ks, schedule=schedule,
+                             flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb)
         group = self._tp_group(t)
         k, x = self.slowest, self.comm_slowdown
 
@@ -310,7 +309,7 @@ class Estimator:
         d, t, p, v, b, dp = self.dims, c.tensor, c.pipeline, c.virtual_stages, c.micro_batch, c.data
         sp = c.sequence_parallel and t > 1
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
-        lt = self._times(t, b, sp, c.checkpointing, tp_backward_overlap(ks, t, c.schedule))
+        lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b")
         lay = Layout(dp=dp, tp=t, pp=p)
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute

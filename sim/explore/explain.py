@@ -13,8 +13,7 @@ from dataclasses import replace
 
 from sim.explore.estimate import Candidate, Estimator
 from sim.explore.search import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
-from sim.training.step_work import tp_backward_overlap
-from sim.workload import transformer as tf
+from sim.training.step_work import dense_layer_ops
 
 GB = 1e9
 CHECKPOINT_WHAT = {
@@ -95,9 +94,10 @@ def _tensor(result: PlanResult, win: Screened) -> str:
             f"on {cl.intra_node.name} inside a node ({cl.intra_node.bandwidth_Bps / GB:.0f} GB/s, vs "
             f"{cl.inter_node.bandwidth_Bps / GB:.0f} GB/s per {cl.inter_node.name} NIC)"
         )
-        lo = tf.layer_ops(est.dims, micro_batch=c.micro_batch, tp=c.tensor, sequence_parallel=c.sequence_parallel,
-                          dtype=est.precision, attention=est.model.attention,
-                          tp_backward_overlap=tp_backward_overlap(est.kernels, c.tensor, c.schedule))
+        lo = dense_layer_ops(est.dims, micro_batch=c.micro_batch, tp=c.tensor,
+                             sequence_parallel=c.sequence_parallel, dtype=est.precision,
+                             attention=est.model.attention, ks=est.kernels, schedule=c.schedule,
+                             flash_attention=est.training.flash_attention, gbytes=est.gbytes, ebytes=est.ebytes)
         n_fwd = sum(1 for s in lo.forward if s.comm)
         n_bwd = sum(1 for s in lo.backward_input if s.comm)
         beside = sum(1 for s in lo.backward_input if s.comm and s.overlap)

@@ -16,7 +16,7 @@ from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import FULL_PRECISIONS, MB
 from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
 from sim.workload.ops import GEMM, Op, elementwise
-from sim.workload.transformer import Segment
+from sim.workload.transformer import LayerOps, Segment, TransformerDims, layer_ops
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
@@ -164,6 +164,21 @@ def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
     """Whether the layers' backward overlaps its column-parallel collectives with the weight-gradient
     GEMMs (the kernel set does, there is TP, and the schedule does not run the weight gradients apart)."""
     return ks.tp_backward_overlap and tp > 1 and schedule not in SPLIT_BACKWARD
+
+
+def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
+                    attention: str, ks: KernelSet, schedule: str, flash_attention: str, gbytes: int,
+                    ebytes: int) -> LayerOps:
+    """One dense transformer layer's ops as the kernel set runs them: its attention kernels, its backward
+    collectives blocking or beside the weight-gradient GEMMs (which then sit in the backward, priced as
+    ``weight_blocks`` prices them). The simulation (sim.build) and the plan screen both build layers here."""
+    overlap = tp_backward_overlap(ks, tp, schedule)
+    lo = layer_ops(d, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype,
+                   attention=attention, attention_dropout_kernel=ks.attention_dropout_kernel,
+                   tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention))
+    if overlap:
+        lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
+    return lo
 
 
 def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,

@@ -26,7 +26,7 @@ from sim.training.loss_scale import simulate as simulate_loss_scale
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import KERNEL_SETS
+from sim.workload.kernels import KERNEL_SETS, persistent_norm
 from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
@@ -189,7 +189,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     d = tf.TransformerDims(
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden, vocab=m.vocab,
         seq_len=m.seq_len, kv_heads=m.kv_heads, mlp=m.mlp, bias=m.bias, norm=m.norm, position=m.position,
-        tied_embeddings=m.tied_embeddings)
+        tied_embeddings=m.tied_embeddings, dropout=m.dropout)
     b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
     ck = tr.checkpointing
     ks = KERNEL_SETS[tr.kernels]
@@ -201,12 +201,14 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     cp, seq = par.cp, m.seq_len // par.cp
     dl = ctx.local_dims(d, cp)
     kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
+    pnorm = persistent_norm(ks, tr.norm_kernel, m.hidden)
     if moe is None:
         lo = sw.dense_layer_ops(dl, **kw, attention=m.attention, ks=ks, schedule=par.schedule,
-                                flash_attention=tr.flash_attention, gbytes=gbytes, ebytes=ebytes)
+                                flash_attention=tr.flash_attention, gbytes=gbytes, ebytes=ebytes,
+                                norm_kernel=tr.norm_kernel)
     else:
         lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype,
-                               flash_kernel=sw.flash_kernel(tr.flash_attention))
+                               flash_kernel=sw.flash_kernel(tr.flash_attention), persistent_norm=pnorm)
     lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
                                kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     host = ks.host_dispatch_us * 1e-6
@@ -247,7 +249,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
                  workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes)
     emb = tf.embedding_ops(dl, **kw)
-    head = tf.head_ops(dl, **kw)
+    head = tf.head_ops(dl, **kw, persistent_norm=pnorm)
     emb_params = tf.embedding_params(d) / t
     vsn = par.pipeline * par.virtual_stages
     head_params = tf.head_params(d, emb_params, vsn)

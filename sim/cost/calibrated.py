@@ -11,8 +11,10 @@ How each op is priced:
                b × heads count), else by FLOPs and intensity; and never faster than moving its bytes at
                measured bandwidth. Fused attention also does softmax and masking, so this is a lower
                bound on real kernels.
-  ELEMENTWISE  bytes / measured bandwidth at that size (median over copy/add/mul/gelu; per byte, so the
-               dtype does not matter).
+  ELEMENTWISE  bytes / measured bandwidth at that size: a streaming op at the median over copy/add/mul/
+               gelu, an op of a kernel family (Op.family: norm, softmax, dropout) at its family's curve
+               (per byte, so the dtype does not matter); a family the profile did not measure goes to the
+               fallback (the reference profile's public figure).
   FIXED        op.fixed_s.
 Dtypes (or sections) the profile lacks go to ``fallback`` and ``report()`` lists them. Shapes outside
 the measured range are extrapolated, counted (distinct ops) and named in ``report()`` (no Python warning:
@@ -69,11 +71,15 @@ class CalibratedCostModel:
 
     def _price(self, op: Op) -> float:
         if op.kind == ELEMENTWISE:
+            if op.bytes <= 0 and op.flops <= 0:
+                return 0.0  # moves nothing: no kernel runs
             if self._mem is None:
                 return self._fall(op, "elementwise: profile has no memory section")
             if op.bytes <= 0:
                 return self._fall(op, "elementwise: op without bytes")
-            t, extrapolated = self._mem.time_s(op.bytes)
+            if not self._mem.has(op.family):
+                return self._fall(op, f"elementwise: profile has no {op.family} kernels measured")
+            t, extrapolated = self._mem.time_s(op.bytes, op.family)
             return self._note(op, t, extrapolated, f"{op.bytes:.3g} bytes")
         if op.kind not in (GEMM, ATTENTION):
             return self._fall(op, f"op kind {op.kind!r}: not calibrated")

@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.errors import ScenarioError
 from sim.scenario.load import read_capped
+from sim.workload.ops import MEMORY_FAMILIES, STREAM
 
 GEMM_NEIGHBOURS = 4  # inverse-distance weighting over this many nearest measured shapes (log space)
 
@@ -222,10 +223,13 @@ class ShapeTable:
 
 
 class BandwidthCurve:
-    """Achieved bytes/s over bytes moved: per kernel, log-log linear interpolation; the median of kernels.
+    """Achieved bytes/s over bytes moved: per kernel, log-log linear interpolation.
 
-    Below the smallest measured size the time floor is the smallest measured time (latency bound);
-    above the largest the bandwidth of the largest size holds. Both count as extrapolation.
+    A streaming op is priced at the median of the streaming kernels (copy, add, mul, gelu); an op of a
+    kernel family (``Op.family``: norm, softmax, dropout, ...) at that family's own curve when the profile
+    measured it (``has``). Below the smallest measured size the time floor is the smallest measured time
+    (latency bound); above the largest the bandwidth of the largest size holds. Both count as
+    extrapolation.
     """
 
     def __init__(self, kernels: dict[str, dict]):
@@ -233,15 +237,27 @@ class BandwidthCurve:
             name: (np.log(np.asarray(c["bytes_moved"], float)), np.log(np.asarray(c["bytes_per_s"], float)))
             for name, c in kernels.items()
         }
-        self.lo = min(float(np.exp(x[0])) for x, _ in self.curves.values())
-        self.hi = max(float(np.exp(x[-1])) for x, _ in self.curves.values())
-        self.min_time_s = min(float(np.min(np.exp(x - y))) for x, y in self.curves.values())
+        streaming = [name for name in self.curves if name not in MEMORY_FAMILIES] or list(self.curves)
+        self.streaming = {name: self.curves[name] for name in streaming}
+        self.min_time_s = self._floor_s(STREAM)  # a streaming op's latency floor
 
-    def bytes_per_s(self, nbytes: float) -> tuple[float, bool]:
+    def has(self, family: str) -> bool:
+        return not family or family in self.curves
+
+    def _group(self, family: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {family: self.curves[family]} if family else self.streaming
+
+    def bytes_per_s(self, nbytes: float, family: str = "") -> tuple[float, bool]:
+        group = self._group(family)
         lx = math.log(max(nbytes, 1.0))
-        bws = [float(np.exp(np.interp(lx, x, y))) for x, y in self.curves.values()]
-        return float(np.median(bws)), not (self.lo * (1 - 1e-9) <= nbytes <= self.hi * (1 + 1e-9))
+        bws = [float(np.exp(np.interp(lx, x, y))) for x, y in group.values()]
+        lo = min(float(np.exp(x[0])) for x, _ in group.values())
+        hi = max(float(np.exp(x[-1])) for x, _ in group.values())
+        return float(np.median(bws)), not (lo * (1 - 1e-9) <= nbytes <= hi * (1 + 1e-9))
 
-    def time_s(self, nbytes: float) -> tuple[float, bool]:
-        bw, extrapolated = self.bytes_per_s(nbytes)
-        return max(nbytes / bw, self.min_time_s), extrapolated
+    def time_s(self, nbytes: float, family: str = "") -> tuple[float, bool]:
+        bw, extrapolated = self.bytes_per_s(nbytes, family)
+        return max(nbytes / bw, self._floor_s(family)), extrapolated
+
+    def _floor_s(self, family: str) -> float:
+        return min(float(np.min(np.exp(x - y))) for x, y in self._group(family).values())

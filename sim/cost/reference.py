@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.cost.gemm_model import GemmShapeModel
+from sim.workload.ops import MEMORY_FAMILIES
 
 REFERENCE_DIR = Path(__file__).with_name("reference")
 REFERENCE_KIND = "dtsim-reference-profile"
@@ -51,6 +52,12 @@ class ReferenceProfile:
     fp8_vs_bf16_fraction: float = 1.0  # fp8 GEMMs reach this share of bf16's fraction of peak
     # Older FlashAttention generations the profile has public figures for, by ``Op.kernel`` ("v1").
     flash_by_kernel: dict[str, FlashAttentionFit] = field(default_factory=dict)
+    # Share of peak HBM bandwidth each memory-bound kernel family reaches (``Op.family``); a family not
+    # listed streams at ``memory_fraction``.
+    family_fractions: dict[str, float] = field(default_factory=dict)
+
+    def memory_fraction_of(self, family: str) -> float:
+        return self.family_fractions.get(family, self.memory_fraction) if family else self.memory_fraction
 
     def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float,
                    dtype: str = "bf16") -> GemmShapeModel:
@@ -95,4 +102,13 @@ def reference_profile(gpu_name: str) -> ReferenceProfile | None:
         fp8_vs_bf16_fraction=float(g.get("fp8_vs_bf16_fraction", 1.0)),
         flash_by_kernel={key[len("flash_attention_"):]: flash_fit(f) for key, f in data["fits"].items()
                          if key.startswith("flash_attention_")},
+        family_fractions=_family_fractions(path, mem.get("family_fractions", {})),
     )
+
+
+def _family_fractions(path: Path, given: dict) -> dict[str, float]:
+    unknown = sorted(set(given) - set(MEMORY_FAMILIES))
+    if unknown:
+        raise ValueError(f"{path}: memory.family_fractions names unknown kernel families {unknown} "
+                         f"(known: {', '.join(MEMORY_FAMILIES)})")
+    return {k: float(v) for k, v in given.items()}

@@ -6,7 +6,9 @@
 - ATTENTION (fused, flash-style): the FLOPs the kernel executes — half the score matrix when causal (the
   kernels skip masked blocks), 2.5× forward in backward (the score recomputation) — at the fraction of peak
   public FlashAttention measurements reach for that head size and sequence length.
-- ELEMENTWISE: bytes at the HBM bandwidth streaming kernels reach.
+- ELEMENTWISE: bytes at the HBM bandwidth its kernel family reaches (``Op.family``: norms, softmax and
+  dropout reach less than the streaming kernels; the reference profile's public figures); an op that
+  moves no bytes and does no arithmetic launches nothing.
 - every kernel pays ``kernel_launch_us`` (launch and tail; host dispatch bounds are the builder's: it
   knows the software stack).
 """
@@ -87,8 +89,16 @@ class RooflineCostModel:
             t = self._cache[op] = self._price(op)
         return t
 
+    def memory_Bps(self, family: str = "") -> float:
+        """Achieved HBM bandwidth of a memory-bound kernel of ``family`` ("" a streaming kernel)."""
+        if self.reference is None or not family:
+            return self._mem_Bps
+        return self.gpu.memory_bw_Bps * self.reference.memory_fraction_of(family)
+
     def _price(self, op: Op) -> float:
-        memory_s = op.bytes / self._mem_Bps
+        if op.kind == ELEMENTWISE and op.bytes <= 0 and op.flops <= 0:
+            return 0.0
+        memory_s = op.bytes / self.memory_Bps(op.family if op.kind == ELEMENTWISE else "")
         if op.kind == ELEMENTWISE:
             compute_s = 0.0
         elif op.kind == ATTENTION:

@@ -44,7 +44,7 @@ from sim.training.step_work import (
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
-from sim.workload.kernels import KERNEL_SETS
+from sim.workload.kernels import KERNEL_SETS, persistent_norm
 from sim.workload.ops import elementwise
 
 
@@ -220,7 +220,8 @@ class Estimator:
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
         gb, eb = self.gbytes, self.ebytes
         lo = dense_layer_ops(d, **kw, attention=m.attention, ks=ks, schedule=schedule,
-                             flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb)
+                             flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb,
+                             norm_kernel=self.training.norm_kernel)
         group = self._tp_group(t)
         k, x = self.slowest, self.comm_slowdown
 
@@ -248,7 +249,7 @@ class Estimator:
         else:
             recompute = ()
         emb = tf.embedding_ops(d, **kw)
-        head = tf.head_ops(d, **kw)
+        head = tf.head_ops(d, **kw, persistent_norm=persistent_norm(ks, self.training.norm_kernel, d.hidden))
         emb_params = tf.embedding_params(d) / t
         emb_blocks = (blocks(cost, emb.forward, host_s=host) + blocks(cost, emb.backward_input, host_s=host)
                       + op_block(cost, "wgrad", emb.backward_weight, host)

@@ -97,7 +97,8 @@ def _tensor(result: PlanResult, win: Screened) -> str:
         lo = dense_layer_ops(est.dims, micro_batch=c.micro_batch, tp=c.tensor,
                              sequence_parallel=c.sequence_parallel, dtype=est.precision,
                              attention=est.model.attention, ks=est.kernels, schedule=c.schedule,
-                             flash_attention=est.training.flash_attention, gbytes=est.gbytes, ebytes=est.ebytes)
+                             flash_attention=est.training.flash_attention, gbytes=est.gbytes, ebytes=est.ebytes,
+                             norm_kernel=est.training.norm_kernel)
         n_fwd = sum(1 for s in lo.forward if s.comm)
         n_bwd = sum(1 for s in lo.backward_input if s.comm)
         beside = sum(1 for s in lo.backward_input if s.comm and s.overlap)

@@ -211,6 +211,10 @@ class TransformerModel(_Strict):
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
     position: Literal["learned", "rope"] = Field("learned", description="position embedding")
     tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
+    dropout: float = Field(
+        0.1, ge=0.0, lt=1.0, description="hidden and attention dropout probability (Megatron's default 0.1; "
+        "Llama and MPT train without: 0). With 0 no dropout kernel runs (PyTorch launches none for p = 0)",
+    )
     attention: Literal[ATTENTION_KINDS] = Field(  # type: ignore[valid-type]
         "flash",
         description="flash: one fused kernel, softmax scores never stored; standard: batched GEMMs around "

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.memory import OPTIMIZERS
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
-from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
+from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES, NORM_KERNELS
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
 
@@ -117,6 +117,12 @@ class Training(_Strict):
         "latest", description="the FlashAttention generation the stack ran (model.attention: flash): latest "
         "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100) or v1 (FlashAttention of "
         "2022 and its Triton port, e.g. llm-foundry's attn_impl: triton in 2023)",
+    )
+    norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]
+        "auto", description="the LayerNorm/RMSNorm kernels: auto (what training.kernels ran: apex's affine "
+        "kernels in Megatron 2021 and Megatron-DeepSpeed, apex's persistent FastLayerNorm in Megatron 2022 "
+        "for the hidden sizes it supports, Transformer Engine's own), framework (torch or apex affine "
+        "kernels, e.g. PyTorch eager) or persistent",
     )
     grad_clip: float | None = Field(
         1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "

@@ -14,7 +14,13 @@ from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, GRAD_ACCUM
 from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import FULL_PRECISIONS, MB
-from sim.workload.kernels import DDP_BUCKET_BYTES, KERNEL_SETS, KernelSet, megatron_bucket_params
+from sim.workload.kernels import (
+    DDP_BUCKET_BYTES,
+    KERNEL_SETS,
+    KernelSet,
+    megatron_bucket_params,
+    persistent_norm,
+)
 from sim.workload.ops import GEMM, Op, elementwise
 from sim.workload.transformer import LayerOps, Segment, TransformerDims, layer_ops
 
@@ -42,7 +48,8 @@ H2D_Bps = 25e9
 def ops_time_s(cost: CostModel, ops: Sequence[Op], host_s: float = 0.0) -> float:
     """Device time of kernels launched back to back, or the host's time to dispatch them if longer (the
     CPU-bound regime of small kernels: PyTorch eager spends ``host_s`` per operator)."""
-    return max(sum(cost.op_time_s(op) for op in ops), len(ops) * host_s)
+    launched = sum(1 for op in ops if op.bytes > 0 or op.flops > 0 or op.fixed_s > 0)  # a no-op launches nothing
+    return max(sum(cost.op_time_s(op) for op in ops), launched * host_s)
 
 
 def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_s: float = 0.0) -> tuple[Block, ...]:
@@ -168,14 +175,15 @@ def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
 
 def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
                     attention: str, ks: KernelSet, schedule: str, flash_attention: str, gbytes: int,
-                    ebytes: int) -> LayerOps:
+                    ebytes: int, norm_kernel: str = "auto") -> LayerOps:
     """One dense transformer layer's ops as the kernel set runs them: its attention kernels, its backward
     collectives blocking or beside the weight-gradient GEMMs (which then sit in the backward, priced as
     ``weight_blocks`` prices them). The simulation (sim.build) and the plan screen both build layers here."""
     overlap = tp_backward_overlap(ks, tp, schedule)
     lo = layer_ops(d, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype,
                    attention=attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                   tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention))
+                   tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention),
+                   persistent_norm=persistent_norm(ks, norm_kernel, d.hidden))
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.units import DTYPE_BYTES
-from sim.workload.ops import ATTENTION, Op, elementwise, gemm
+from sim.workload.ops import ATTENTION, DROPOUT, SOFTMAX, SOFTMAX_BWD, Op, elementwise, gemm
 
 if TYPE_CHECKING:  # transformer.py imports this module
     from sim.workload.transformer import TransformerDims
@@ -68,18 +68,20 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
     scores = float(batch * s * s)  # elements of the score matrices on this GPU
     fwd: list[Op] = [
         gemm("attention.scores", s, s, hd, dtype, batch),
-        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores),
+        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores, family=SOFTMAX),
     ]
     bwd: list[Op] = [
         gemm("attention.dprobs", s, s, hd, dtype, batch),
         gemm("attention.dv", s, hd, s, dtype, batch),
     ]
     if dropout_kernel:
-        fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores))
-        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores))
+        fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores,
+                               family=DROPOUT))
+        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores,
+                               family=DROPOUT))
     fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
     bwd += [
-        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores),
+        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores, family=SOFTMAX_BWD),
         gemm("attention.dq", s, hd, s, dtype, batch),
         gemm("attention.dk", s, hd, s, dtype, batch),
     ]

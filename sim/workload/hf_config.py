@@ -59,6 +59,7 @@ def _llama_like(cfg: dict) -> Fields:
         "norm": "rmsnorm",
         "position": "rope",
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "dropout": _dropout(cfg),
     }
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
@@ -82,6 +83,7 @@ def _gpt2(cfg: dict) -> Fields:
         "norm": "layernorm",
         "position": "learned",
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "dropout": _dropout(cfg),
     }
 
 
@@ -99,6 +101,7 @@ def _gpt_neox(cfg: dict) -> Fields:
         "norm": "layernorm",
         "position": "rope",
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "dropout": _dropout(cfg),
     }
 
 
@@ -125,7 +128,17 @@ def _falcon(cfg: dict) -> Fields:
         "norm": "layernorm",
         "position": "rope",  # rotary, or ALiBi (no position weights either)
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "dropout": _dropout(cfg),
     }
+
+
+def _dropout(cfg: dict) -> float:
+    """The largest dropout probability the config names (transformers' per-family keys and defaults: GPT-2
+    resid/attn/embd_pdrop 0.1; Llama, Mistral, Qwen2, GPT-NeoX, Falcon 0.0)."""
+    keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout", "attention_dropout")
+    default = 0.1 if cfg.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (cfg.get("architectures") or []) else 0.0
+    values = [cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
+    return float(max(values)) if values else default
 
 
 FAMILIES: dict[str, Callable[[dict], Fields]] = {

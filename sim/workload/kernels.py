@@ -72,12 +72,25 @@ class KernelSet:
     # sequence parallelism re-gather their input during the input-gradient GEMM (transformer.layer_ops).
     tp_backward_overlap: bool = False
     grad_accum_via_temporary: bool = False  # the accumulation casts the 16-bit gradient into an fp32 temporary first
+    # The norm kernels' family (Op.family): "framework" (apex's affine LayerNorm kernels, which Megatron
+    # copied as fused_mix_prec_layer_norm_cuda; torch.nn.functional.layer_norm) or "persistent" (the row
+    # kept in registers: apex contrib FastLayerNorm, Transformer Engine's norms), the latter only for
+    # ``persistent_norm_hidden`` sizes when that is given (else any).
+    norm_kernel: str = "framework"
+    persistent_norm_hidden: tuple[int, ...] = ()
     description: str = ""
     # Host time to dispatch one operator in PyTorch eager mode (Python, dispatcher, launch): a few µs to
     # ~10 µs (H. He, "Making Deep Learning Go Brrrr From First Principles", 2022, §Overhead). Kernels
     # shorter than this leave the GPU waiting on the CPU.
     host_dispatch_us: float = 6.0
 
+
+# Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
+# persist_ln_hidden_sizes, megatron/model/fused_layer_norm.py, 2022; `--no-persist-layer-norm` turns it
+# off); other sizes fall back to the affine kernels.
+MEGATRON_PERSIST_LN_HIDDEN = (1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800,
+                              15360, 16384, 18432, 20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536)
+NORM_KERNELS = ("auto", "framework", "persistent")  # training.norm_kernel
 
 KERNEL_SETS: dict[str, KernelSet] = {
     k.name: k
@@ -93,8 +106,9 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-lm-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
-            description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute "
-                        "and gradient-accumulation fusion",
+            norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN,
+            description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
+                        "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),
         KernelSet(
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
@@ -105,7 +119,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
-            blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True,
+            blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),
@@ -125,3 +139,11 @@ def megatron_bucket_params(data_parallel: int) -> int:
     (``disable_bucketing``) on model chunks after the first: those reduce each chunk's gradients whole."""
     return max(40_000_000, 1_000_000 * data_parallel)
 DEFAULT_KERNEL_SET = "transformer-engine"
+
+
+def persistent_norm(ks: KernelSet, norm_kernel: str, hidden: int) -> bool:
+    """Whether the norms run a persistent kernel: ``training.norm_kernel`` when it names one, else what
+    the kernel set ran at this hidden size."""
+    if norm_kernel != "auto":
+        return norm_kernel == "persistent"
+    return ks.norm_kernel == "persistent" and (not ks.persistent_norm_hidden or hidden in ks.persistent_norm_hidden)

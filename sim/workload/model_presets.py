@@ -39,6 +39,7 @@ def _llama(
         norm="rmsnorm",
         position="rope",
         tied_embeddings=False,
+        dropout=0.0,  # Llama configs: attention_dropout 0.0, no hidden dropout
     )
 
 

@@ -90,8 +90,10 @@ def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp:
 
 
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
-              sequence_parallel: bool, dtype: str, flash_kernel: str = "") -> tf.LayerOps:
-    """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives)."""
+              sequence_parallel: bool, dtype: str, flash_kernel: str = "",
+              persistent_norm: bool = False) -> tf.LayerOps:
+    """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives);
+    ``persistent_norm`` and ``d.dropout`` as in ``sim.workload.transformer.layer_ops``."""
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
     act = storage_dtype(dtype)
@@ -119,12 +121,13 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     unpermute = elementwise("moe_unpermute", 2 * routed * h * e + mine * moe.top_k * _FP32, act,
                             flops=2.0 * routed * h)
 
-    norm1 = tf._norm_fwd("norm1", local, h, act)
+    pn, drop = persistent_norm, d.dropout > 0
+    norm1 = tf._norm_fwd("norm1", local, h, act, pn)
     core = flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel)
-    add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act)
-    norm2 = tf._norm_fwd("norm2", local, h, act)
+    add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act, drop)
+    norm2 = tf._norm_fwd("norm2", local, h, act, pn)
     mlp_act = tf._activation_fwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)
-    add2 = tf._dropout_add_fwd("mlp_dropout_add", local, h, act)
+    add2 = tf._dropout_add_fwd("mlp_dropout_add", local, h, act, drop)
     seg = tf._seg
     regather = t > 1 and not sp  # restore the TP-replicated activations after the combine
     shared_fwd: tuple[tf.Segment, ...] = ()
@@ -158,15 +161,15 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
         seg((add2,), None, 0.0),
     )
 
-    add2_b = tf._dropout_add_bwd("mlp_dropout_add.bwd", local, h, act)
+    add2_b = tf._dropout_add_bwd("mlp_dropout_add.bwd", local, h, act, drop, d.bias)
     unpermute_b = elementwise("moe_unpermute.bwd", 2 * routed * h * e, act)
     act_b = tf._activation_bwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)
     permute_b = elementwise("moe_permute.bwd", 2 * routed * h * e, act, flops=float(routed * h))
     router_b = gemm("router.dgrad", mine, h, moe.experts, dtype)
-    norm2_b = tf._norm_bwd("norm2.bwd", local, h, act)
-    add1_b = tf._dropout_add_bwd("attn_dropout_add.bwd", local, h, act)
+    norm2_b = tf._norm_bwd("norm2.bwd", local, h, act, persistent=pn)
+    add1_b = tf._dropout_add_bwd("attn_dropout_add.bwd", local, h, act, drop, d.bias)
     core_b = flash_attention_op("attention.bwd", d, b, t, act, backward=True, kernel=flash_kernel)
-    norm1_b = tf._norm_bwd("norm1.bwd", local, h, act)
+    norm1_b = tf._norm_bwd("norm1.bwd", local, h, act, persistent=pn)
     grad_col = tf._conjugate(before_col, t)  # RS with SP, AR without
     ep_comm = ALL_TO_ALL_EP if ep > 1 else None
     attn_grads = (tf._dgrad(attn_out), core_b, tf._dgrad(qkv))

@@ -10,6 +10,21 @@ ELEMENTWISE = "elementwise"  # memory-bound: norms, activations, dropout, residu
 FIXED = "fixed"  # a given duration (synthetic workloads): fixed_s set
 OP_KINDS = (GEMM, ATTENTION, ELEMENTWISE, FIXED)
 
+# Families of memory-bound kernels. Real kernels of the same bytes reach very different shares of HBM
+# bandwidth: a copy or an add streams, a norm reduces each row (its backward also reduces over rows for
+# the weight gradients), a softmax reads each row twice or keeps it in registers, a dropout draws random
+# numbers. The cost model prices each family at its own achieved bandwidth (the reference profile's
+# public figures, or a calibration profile's measured curve); "" is a streaming kernel.
+STREAM = ""
+NORM = "norm"  # LayerNorm/RMSNorm of a framework (apex's affine kernels, torch.nn.functional.layer_norm)
+NORM_BWD = "norm.bwd"
+PERSISTENT_NORM = "persistent_norm"  # row kept in registers (apex contrib FastLayerNorm, Transformer Engine)
+PERSISTENT_NORM_BWD = "persistent_norm.bwd"
+SOFTMAX = "softmax"  # softmax over rows (the attention scores), fused with scale and mask where the stack did
+SOFTMAX_BWD = "softmax.bwd"
+DROPOUT = "dropout"  # dropout, alone or fused with bias and residual add (random numbers drawn per element)
+MEMORY_FAMILIES = (NORM, NORM_BWD, PERSISTENT_NORM, PERSISTENT_NORM_BWD, SOFTMAX, SOFTMAX_BWD, DROPOUT)
+
 
 @dataclass(frozen=True, slots=True)
 class Op:
@@ -36,6 +51,7 @@ class Op:
     backward: bool = False
     causal: bool = False
     kernel: str = ""  # fused attention: the FlashAttention generation ("" = the GPU profile's own; "v1")
+    family: str = STREAM  # memory-bound ops: the kernel family (MEMORY_FAMILIES) that sets its bandwidth
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1) -> Op:
@@ -56,8 +72,9 @@ def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1) -> Op:
     )
 
 
-def elementwise(name: str, bytes_moved: float, dtype: str, flops: float = 0.0) -> Op:
-    return Op(name=name, kind=ELEMENTWISE, flops=flops, bytes=float(bytes_moved), dtype=dtype)
+def elementwise(name: str, bytes_moved: float, dtype: str, flops: float = 0.0, family: str = STREAM) -> Op:
+    """A memory-bound kernel moving ``bytes_moved``; ``family`` says what kind of kernel moves them."""
+    return Op(name=name, kind=ELEMENTWISE, flops=flops, bytes=float(bytes_moved), dtype=dtype, family=family)
 
 
 def fixed(name: str, seconds: float) -> Op:

@@ -39,7 +39,16 @@ from sim.workload.attention import (  # is_attention_core: re-exported for build
     is_attention_core,  # noqa: F401
     standard_attention,
 )
-from sim.workload.ops import Op, elementwise, gemm
+from sim.workload.ops import (
+    DROPOUT,
+    NORM,
+    NORM_BWD,
+    PERSISTENT_NORM,
+    PERSISTENT_NORM_BWD,
+    Op,
+    elementwise,
+    gemm,
+)
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -81,6 +90,7 @@ class TransformerDims:
     norm: str = "layernorm"
     position: str = "learned"
     tied_embeddings: bool = True
+    dropout: float = 0.1  # hidden and attention dropout probability (Megatron's default 0.1; Llama: 0)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
@@ -253,29 +263,38 @@ def _seg(ops: tuple[Op, ...], comm: str | None, comm_bytes: float) -> Segment:
     return Segment(ops=ops, comm=comm, comm_bytes=comm_bytes if comm else 0.0)
 
 
-def _norm_fwd(name: str, tokens: int, h: int, dtype: str) -> Op:
+def _norm_fwd(name: str, tokens: int, h: int, dtype: str, persistent: bool = False) -> Op:
     e = DTYPE_BYTES[dtype]
     moved = 2 * tokens * h * e + 2 * tokens * _FP32_BYTES  # x in, y out, fp32 mean/rstd saved
-    return elementwise(name, moved, dtype, flops=_NORM_FWD_FLOPS_PER_ELEM * tokens * h)
+    return elementwise(name, moved, dtype, flops=_NORM_FWD_FLOPS_PER_ELEM * tokens * h,
+                       family=PERSISTENT_NORM if persistent else NORM)
 
 
-def _norm_bwd(name: str, tokens: int, h: int, dtype: str, residual: bool = True) -> Op:
+def _norm_bwd(name: str, tokens: int, h: int, dtype: str, residual: bool = True, persistent: bool = False) -> Op:
     e = DTYPE_BYTES[dtype]
     tensors = 4 if residual else 3  # x, dy in, dx out (+ residual gradient added in)
     moved = tensors * tokens * h * e + 2 * tokens * _FP32_BYTES
-    return elementwise(name, moved, dtype, flops=_NORM_BWD_FLOPS_PER_ELEM * tokens * h)
+    return elementwise(name, moved, dtype, flops=_NORM_BWD_FLOPS_PER_ELEM * tokens * h,
+                       family=PERSISTENT_NORM_BWD if persistent else NORM_BWD)
 
 
-def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str) -> Op:
-    """bias + dropout + residual add: branch and residual in, sum and mask out."""
+def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True) -> Op:
+    """bias + dropout + residual add: branch and residual in, sum and mask out. Without dropout (p = 0
+    PyTorch's dropout returns its input and launches nothing) only the adds remain: a streaming kernel."""
     e = DTYPE_BYTES[dtype]
-    return elementwise(name, tokens * h * (3 * e + _MASK_BYTES), dtype, flops=3.0 * tokens * h)
+    if not dropout:
+        return elementwise(name, tokens * h * 3 * e, dtype, flops=2.0 * tokens * h)
+    return elementwise(name, tokens * h * (3 * e + _MASK_BYTES), dtype, flops=3.0 * tokens * h, family=DROPOUT)
 
 
-def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str) -> Op:
-    """Gradient and mask in, branch gradient out (the residual path passes the gradient through)."""
+def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True, bias: bool = True) -> Op:
+    """Gradient and mask in, branch gradient out (the residual path passes the gradient through). Without
+    dropout the branch gradient is the incoming one: nothing runs but the bias gradient's reduction
+    (reading the gradient once), and with no bias nothing at all (an op that moves no bytes)."""
     e = DTYPE_BYTES[dtype]
-    return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h)
+    if not dropout:
+        return elementwise(name, tokens * h * e if bias else 0.0, dtype, flops=float(tokens * h) if bias else 0.0)
+    return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h, family=DROPOUT)
 
 
 def _activation_fwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
@@ -310,7 +329,7 @@ def _wgrad(op: Op) -> Op:
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
-    flash_kernel: str = "",
+    flash_kernel: str = "", persistent_norm: bool = False,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -331,6 +350,10 @@ def layer_ops(
     Engine's ``Linear`` backward does the same. The weight-gradient GEMMs then sit in the backward, in the
     order autograd runs them (each row-parallel linear's right after its input gradient), and
     ``backward_weight`` is empty: for schedules that run W on its own (zero-bubble), build without it.
+
+    ``persistent_norm``: the norms run a persistent kernel (the row in registers: apex contrib's
+    FastLayerNorm, Transformer Engine's), which reaches more bandwidth than a framework's (``Op.family``).
+    ``d.dropout`` = 0 drops the dropout kernels (PyTorch launches nothing for p = 0).
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -350,17 +373,18 @@ def layer_ops(
 
     if attention not in ("flash", "standard"):
         raise ScenarioError(f"{attention!r} is not one of flash, standard", field="model.attention")
-    norm1 = _norm_fwd("norm1", local, h, act)
+    pn, drop = persistent_norm, d.dropout > 0
+    norm1 = _norm_fwd("norm1", local, h, act, pn)
     if attention == "flash":
         core: tuple[Op, ...] = (flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel),)
         core_b: tuple[Op, ...] = (flash_attention_op("attention.bwd", d, b, t, act, backward=True,
                                                      kernel=flash_kernel),)
     else:
-        core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel)
-    add1 = _dropout_add_fwd("attn_dropout_add", local, h, act)
-    norm2 = _norm_fwd("norm2", local, h, act)
+        core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop)
+    add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop)
+    norm2 = _norm_fwd("norm2", local, h, act, pn)
     mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)
-    add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act)
+    add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act, drop)
 
     forward: tuple[Segment, ...]
     backward_input: tuple[Segment, ...]
@@ -379,11 +403,11 @@ def layer_ops(
             _seg((add2,), None, 0.0),
         )
 
-    add2_b = _dropout_add_bwd("mlp_dropout_add.bwd", local, h, act)
+    add2_b = _dropout_add_bwd("mlp_dropout_add.bwd", local, h, act, drop, d.bias)
     act_b = _activation_bwd(d.mlp, tokens, ffn_t, act)
-    norm2_b = _norm_bwd("norm2.bwd", local, h, act)
-    add1_b = _dropout_add_bwd("attn_dropout_add.bwd", local, h, act)
-    norm1_b = _norm_bwd("norm1.bwd", local, h, act)
+    norm2_b = _norm_bwd("norm2.bwd", local, h, act, persistent=pn)
+    add1_b = _dropout_add_bwd("attn_dropout_add.bwd", local, h, act, drop, d.bias)
+    norm1_b = _norm_bwd("norm1.bwd", local, h, act, persistent=pn)
     grad_row = _conjugate(after_row, t)  # AG with SP, identity without
     grad_col = _conjugate(before_col, t)  # RS with SP, AR without
     mlp_grads = (_dgrad(down), act_b, _dgrad(up))
@@ -471,10 +495,14 @@ def embedding_ops(
     learned = d.position == "learned"
 
     lookup = elementwise("embedding_lookup", tokens * _TOKEN_ID_BYTES + 2 * tokens * h * e, act)
-    dropout = elementwise(
-        "embedding_dropout", local * h * ((3 if learned else 2) * e + _MASK_BYTES), act, flops=2.0 * local * h
-    )
-    dropout_b = _dropout_add_bwd("embedding_dropout.bwd", local, h, act)
+    drop = d.dropout > 0
+    if drop:  # position add and dropout in one pass
+        dropout = elementwise("embedding_dropout", local * h * ((3 if learned else 2) * e + _MASK_BYTES), act,
+                              flops=2.0 * local * h, family=DROPOUT)
+    else:  # the position add alone (nothing with rotary positions)
+        dropout = elementwise("embedding_dropout", local * h * 3 * e if learned else 0.0, act,
+                              flops=float(local * h) if learned else 0.0)
+    dropout_b = _dropout_add_bwd("embedding_dropout.bwd", local, h, act, drop, bias=False)
     # Read the gradient, read-modify-write the touched rows.
     wgrad_bytes = 3 * tokens * h * e + (3 * local * h * e if learned else 0)
     wgrad = elementwise("embedding.wgrad", wgrad_bytes, act, flops=float(tokens * h))
@@ -486,7 +514,8 @@ def embedding_ops(
 
 
 def head_ops(
-    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
+    d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
+    persistent_norm: bool = False,
 ) -> LayerOps:
     """Final norm, vocab-parallel logits GEMM (2bshV/t) and vocab-parallel cross-entropy.
 
@@ -507,7 +536,7 @@ def head_ops(
     small_comm = ALL_REDUCE if t > 1 else None
     _, before_col = _collectives(t, sp)
 
-    norm = _norm_fwd("final_norm", local, h, act)
+    norm = _norm_fwd("final_norm", local, h, act, persistent_norm)
     logits = gemm("logits", tokens, v_t, h, dtype)
     ce_max = elementwise("ce_max", tokens * v_t * e + tokens * _FP32_BYTES, act, flops=float(tokens * v_t))
     ce_target = elementwise("ce_target", tokens * (_TOKEN_ID_BYTES + e + _FP32_BYTES), act)
@@ -526,7 +555,7 @@ def head_ops(
         forward = (_seg((norm, logits, ce_max), small_comm, small), *ce)
 
     ce_b = elementwise("ce.bwd", tokens * v_t * (_FP32_BYTES + e), act, flops=2.0 * tokens * v_t)
-    norm_b = _norm_bwd("final_norm.bwd", local, h, act, residual=False)
+    norm_b = _norm_bwd("final_norm.bwd", local, h, act, residual=False, persistent=persistent_norm)
     backward_input = (
         _seg((ce_b, _dgrad(logits)), _conjugate(before_col, t), comm_bytes),
         _seg((norm_b,), None, 0.0),

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sim.units import KiB, MiB
+from sim.workload.ops import MEMORY_FAMILIES
 
 GEMM = "gemm"
 MEMORY = "memory"
@@ -16,7 +17,11 @@ COLLECTIVES = "collectives"
 SECTIONS = (GEMM, MEMORY, COLLECTIVES)
 
 COLLECTIVE_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv")
-MEMBW_KERNELS = ("copy", "add", "mul", "gelu")
+MEMBW_STREAMING = ("copy", "add", "mul", "gelu")  # the generic elementwise curve
+# Memory-bound kernel families the simulator prices by their own curves (bytes: calibrate.membw.family_bytes):
+# its families but the persistent norms, which need apex or Transformer Engine (the reference figures serve).
+MEMBW_FAMILIES = tuple(f for f in MEMORY_FAMILIES if not f.startswith("persistent"))
+MEMBW_KERNELS = MEMBW_STREAMING + MEMBW_FAMILIES
 
 Shape = tuple[int, int, int]
 
@@ -69,12 +74,23 @@ class SweepConfig:
     membw_sizes_bytes: tuple[int, ...]
     membw_dtypes: tuple[str, ...]
     membw_kernels: tuple[str, ...] = MEMBW_KERNELS
+    # Sizes for the kernel families (MEMBW_FAMILIES); None: ``membw_sizes_bytes``.
+    membw_family_sizes_bytes: tuple[int, ...] | None = None
     timing: TimingConfig = field(default_factory=TimingConfig)
     collectives: CollectiveConfig = field(default_factory=CollectiveConfig)
     # Points a speed probe left out (calibrate.probe), each {"dtype", "m", "n", "k", "reason"} or
     # {"dtype", "reason"}: reported with the section's skips, so the profile says what was not measured.
     gemm_skipped: tuple[dict, ...] = ()
+    # Memory points the sweep leaves out by design, each {"kernel", "reason"} or {"kernel", "dtype",
+    # "size_bytes", "reason"}: reported with the memory section's skips, like ``gemm_skipped``.
+    membw_skipped: tuple[dict, ...] = ()
     probe: dict = field(default_factory=dict)  # what the probe measured (GEMM FLOP/s per dtype), for the record
+
+    def membw_sizes_for(self, kernel: str) -> tuple[int, ...]:
+        """The sizes (bytes of one operand) the memory section measures ``kernel`` at."""
+        if kernel in MEMBW_FAMILIES and self.membw_family_sizes_bytes is not None:
+            return self.membw_family_sizes_bytes
+        return self.membw_sizes_bytes
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -140,6 +156,23 @@ def _pow2_sizes(lo: int, hi: int, step: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _sizes_left_out(
+    kernels: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    sizes: tuple[int, ...],
+    kept: tuple[int, ...],
+    reason: str,
+) -> tuple[dict, ...]:
+    """Skip records for the (kernel, dtype, size) points of ``sizes`` not in ``kept``."""
+    return tuple(
+        {"kernel": k, "dtype": d, "size_bytes": s, "reason": reason}
+        for d in dtypes
+        for k in kernels
+        for s in sizes
+        if s not in kept
+    )
+
+
 def make_config(device: str, quick: bool) -> SweepConfig:
     """The sweep for ``device`` ('cuda' or 'cpu'); ``quick`` keeps it to a couple of minutes."""
     if device == "cuda":
@@ -187,12 +220,24 @@ def make_config(device: str, quick: bool) -> SweepConfig:
             + grid_gemm_shapes((64, 256, 1024))
             + skinny_gemm_shapes((16, 32, 128), (256, 1024, 2048))
         )
+        membw_sizes, family_sizes = _pow2_sizes(64 * KiB, 64 * MiB, 4), (MiB,)
         return SweepConfig(
             name="quick",
             gemm_shapes=_unique(shapes),
             gemm_dtypes=("fp32", "bf16"),
-            membw_sizes_bytes=_pow2_sizes(64 * KiB, 64 * MiB, 4),
+            membw_sizes_bytes=membw_sizes,
             membw_dtypes=("fp32",),
+            # The kernel families at one size (+1 s): at all six they took the memory section from 5.5 to
+            # 40 s on the 2-core EPYC VM with other processes running (dropout runs at 0.6 GB/s there, 0.35 s
+            # a call at 64 MiB; above 32 MiB every op-allocated output is freshly mapped, page faults included).
+            membw_family_sizes_bytes=family_sizes,
+            membw_skipped=_sizes_left_out(
+                MEMBW_FAMILIES,
+                ("fp32",),
+                membw_sizes,
+                family_sizes,
+                "--quick on CPU measures the kernel families at 1 MiB only; the full sweep measures every size",
+            ),
             # Up to three passes of 2 samples: a shared VM's speed drifts for seconds at a time (by up to
             # 1.6× on the 2-core EPYC VM); the median of three passes ignores one slow spell (timing.sweep).
             # calibrate.probe lowers the passes (then the shapes) to what this CPU measures in its budget,

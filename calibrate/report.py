@@ -9,12 +9,36 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.config import MEMBW_FAMILIES
 from calibrate.fit import BandwidthCurve, ShapeTable, predict_time_s
 from calibrate.profile import device_name
 
 
 def _pct(x: float | None) -> str:
     return "   n/a" if x is None else f"{100 * x:5.1f}%"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def memory_skips(skipped: list[dict]) -> list[str]:
+    """The memory section's skips, one line per reason and set of kernels (the quick CPU sweep leaves
+    the families out at all sizes but one, for one reason): which kernels and sizes have no figure."""
+    points: dict[tuple[str, str], list[str]] = {}
+    for r in skipped:
+        where = f"{_size(r['size_bytes'])} {r.get('dtype', '')}".strip() if "size_bytes" in r else "all sizes"
+        points.setdefault((r.get("reason", ""), where), []).append(r.get("kernel", "?"))
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (reason, where), kernels in points.items():
+        grouped.setdefault((reason, tuple(dict.fromkeys(kernels))), []).append(where)
+    return [
+        f"{', '.join(kernels)} at {', '.join(wheres)}: {reason}"
+        for (reason, kernels), wheres in grouped.items()
+    ]
 
 
 def format_report(profile: dict, path: str = "") -> str:
@@ -52,11 +76,17 @@ def format_report(profile: dict, path: str = "") -> str:
         lines += [
             "",
             "Memory bandwidth: achieved bytes/s by size (log-log interpolation per kernel)",
-            f"  {'kernel':<6} {'points':>6} {'best GB/s':>10}",
+            f"  {'kernel':<11} {'points':>6} {'best GB/s':>10}",
         ]
         for name, c in mem["kernels"].items():
-            lines.append(f"  {name:<6} {len(c['bytes_moved']):>6} {max(c['bytes_per_s']) / 1e9:>10.2f}")
+            lines.append(f"  {name:<11} {len(c['bytes_moved']):>6} {max(c['bytes_per_s']) / 1e9:>10.2f}")
         lines.append(f"  leave-one-out: rms {_pct(mem['loo_rel_rms'])}, max {_pct(mem['loo_rel_max'])}")
+        lines += [f"  not measured: {s}" for s in memory_skips(sections.get("memory", {}).get("skipped", []))]
+        missing = [f for f in MEMBW_FAMILIES if f not in mem["kernels"]]
+        if missing:
+            lines.append(
+                f"  kernel families without a curve (priced from the fallback): {', '.join(missing)}"
+            )
         family["memory"] = mem["loo_rel_rms"]
     if "collectives" in fits:
         lines += [
@@ -131,13 +161,24 @@ def plot_profile(profile: dict, png_path: str | Path) -> Path:
     ax = axes[2]
     mem = fits.get("memory") or {}
     if mem:
-        curve = BandwidthCurve(mem["kernels"])
+        streaming = {k: c for k, c in mem["kernels"].items() if k not in MEMBW_FAMILIES} or mem["kernels"]
+        curve = BandwidthCurve(streaming)
         for i, (name, c) in enumerate(mem["kernels"].items()):
+            marker = "s" if name in MEMBW_FAMILIES else "o"
             ax.loglog(
-                c["bytes_moved"], np.array(c["bytes_per_s"]) / 1e9, "o", ms=4, color=f"C{i}", label=name
+                c["bytes_moved"],
+                np.array(c["bytes_per_s"]) / 1e9,
+                marker,
+                ms=4,
+                color=f"C{i % 10}",
+                label=name,
             )
-        xs = np.geomspace(curve.lo, curve.hi, 80)
-        ax.loglog(xs, [curve.bytes_per_s(x)[0] / 1e9 for x in xs], "k-", lw=1, label="model (median)")
+        lo = min(c["bytes_moved"][0] for c in streaming.values())
+        hi = max(c["bytes_moved"][-1] for c in streaming.values())
+        xs = np.geomspace(lo, hi, 80)
+        ax.loglog(
+            xs, [curve.bytes_per_s(x)[0] / 1e9 for x in xs], "k-", lw=1, label="streaming model (median)"
+        )
         ax.legend(fontsize=7)
     ax.set(title="memory bandwidth", xlabel="bytes moved", ylabel="GB/s")
     fig.suptitle(

@@ -25,7 +25,10 @@ Sources (public code, read at the period named):
   (``megatron/mpu/layers.py``: ``ColumnParallelLinearWithAsyncAllreduce``, on unless
   ``--no-async-tensor-model-parallel-allreduce``; with sequence parallelism
   ``ColumnParallelLinearWithSequenceParallelism``: the input all-gathered during dgrad, dgrad's output
-  reduce-scattered during wgrad); attention, softmax, dropout and the DP all-reduce as in 2021. The 2021
+  reduce-scattered during wgrad); ``megatron/model/fused_layer_norm.py``'s ``MixedFusedLayerNorm`` runs
+  apex contrib's persistent ``FastLayerNormFN`` for the hidden sizes in its ``persist_ln_hidden_sizes``
+  (unless ``--no-persist-layer-norm``), the affine kernels for others; attention, softmax, dropout and
+  the DP all-reduce as in 2021. The 2021
   tree and Megatron-DeepSpeed (``copy_to_tensor_model_parallel_region``) all-reduce the input gradient
   before going on.
 - megatron-deepspeed-2022: microsoft/Megatron-DeepSpeed of 2022 (Megatron-LM 2021 model code under
@@ -45,7 +48,9 @@ Sources (public code, read at the period named):
   accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
   during the backward pass, non-blocking batched p2p; ``transformer_engine.pytorch.Linear``'s backward
   overlaps the column-parallel collectives with the GEMMs as Megatron does (no userbuffers overlap of
-  the forward's collectives is modelled).
+  the forward's collectives is modelled). Its norms are its own persistent kernels (descended from apex
+  contrib's FastLayerNorm).
+- The norm kernels' speeds, by family, are the GPU reference profile's (``sim.workload.ops.MEMORY_FAMILIES``).
 """
 
 from __future__ import annotations

@@ -199,6 +199,28 @@ def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_mamf_share() -> None:
     assert ratio == pytest.approx(2 * (1453.4 / 1979) / (828.0 / 989), rel=1e-3)
 
 
+def test_fp8_current_scaling_reads_each_input_once_more_for_its_amax() -> None:
+    """Float8CurrentScaling: before each cast_transpose an amax pass reads the bf16 input (2 bytes per
+    element); DelayedScaling has none. Every segment with fp8 GEMMs gets one, sized as its cast's input."""
+    d = tf.TransformerDims(layers=2, hidden=4096, heads=32, ffn_hidden=14336, vocab=1000, seq_len=4096,
+                           kv_heads=8, mlp="swiglu", bias=False, norm="rmsnorm", position="rope", dropout=0.0)
+    kw = dict(micro_batch=1, tp=2, sequence_parallel=False, dtype="fp8")
+    delayed = tf.layer_ops(d, **kw)
+    current = tf.layer_ops(d, **kw, fp8_recipe="current")
+    for segs_d, segs_c in ((delayed.forward, current.forward), (delayed.backward_input, current.backward_input)):
+        for sd, sc in zip(segs_d, segs_c, strict=True):
+            casts = [op for op in sd.ops if op.name == "fp8 cast_transpose"]
+            assert not [op for op in sd.ops if op.name == "fp8 amax"]
+            if not casts:
+                assert sc.ops == sd.ops
+                continue
+            amax, cast = sc.ops[0], sc.ops[1]
+            assert amax.name == "fp8 amax" and cast == casts[0]
+            assert amax.bytes == cast.bytes / 4 * 2  # elements × 2 bytes, the cast's 4 bytes per element
+            assert sc.ops[1:] == sd.ops
+    assert current.forward[0].ops[0].bytes == 4096 * (4096 + 4096 // 2) * 2
+
+
 def test_zero3_without_overlap_waits_for_each_reduce_scatter() -> None:
     """overlap_grad_sync: false with ZeRO-3: no backward compute runs while gradients are reduce-scattered."""
     from sim.engine.timeline import COMPUTE_CATEGORIES

@@ -221,7 +221,7 @@ class Estimator:
         gb, eb = self.gbytes, self.ebytes
         lo = dense_layer_ops(d, **kw, attention=m.attention, ks=ks, schedule=schedule,
                              flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb,
-                             norm_kernel=self.training.norm_kernel)
+                             norm_kernel=self.training.norm_kernel, fp8_recipe=self.training.fp8_recipe)
         group = self._tp_group(t)
         k, x = self.slowest, self.comm_slowdown
 

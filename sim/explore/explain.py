@@ -98,7 +98,7 @@ def _tensor(result: PlanResult, win: Screened) -> str:
                              sequence_parallel=c.sequence_parallel, dtype=est.precision,
                              attention=est.model.attention, ks=est.kernels, schedule=c.schedule,
                              flash_attention=est.training.flash_attention, gbytes=est.gbytes, ebytes=est.ebytes,
-                             norm_kernel=est.training.norm_kernel)
+                             norm_kernel=est.training.norm_kernel, fp8_recipe=est.training.fp8_recipe)
         n_fwd = sum(1 for s in lo.forward if s.comm)
         n_bwd = sum(1 for s in lo.backward_input if s.comm)
         beside = sum(1 for s in lo.backward_input if s.comm and s.overlap)

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.memory import OPTIMIZERS
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
 from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES, NORM_KERNELS
-from sim.workload.transformer import CHECKPOINTING_KINDS
+from sim.workload.transformer import CHECKPOINTING_KINDS, FP8_RECIPES
 
 
 class LossScaling(_Strict):
@@ -123,6 +123,11 @@ class Training(_Strict):
         "kernels in Megatron 2021 and Megatron-DeepSpeed, apex's persistent FastLayerNorm in Megatron 2022 "
         "for the hidden sizes it supports, Transformer Engine's own), framework (torch or apex affine "
         "kernels, e.g. PyTorch eager) or persistent",
+    )
+    fp8_recipe: Literal[FP8_RECIPES] = Field(  # type: ignore[valid-type]
+        "delayed", description="precision fp8: Transformer Engine's scaling recipe, delayed (DelayedScaling, "
+        "TE's default: scales from the amax history, no extra pass) or current (Float8CurrentScaling: an amax "
+        "pass over each GEMM input before its cast)",
     )
     grad_clip: float | None = Field(
         1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "

@@ -175,7 +175,7 @@ def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
 
 def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
                     attention: str, ks: KernelSet, schedule: str, flash_attention: str, gbytes: int,
-                    ebytes: int, norm_kernel: str = "auto") -> LayerOps:
+                    ebytes: int, norm_kernel: str = "auto", fp8_recipe: str = "delayed") -> LayerOps:
     """One dense transformer layer's ops as the kernel set runs them: its attention kernels, its backward
     collectives blocking or beside the weight-gradient GEMMs (which then sit in the backward, priced as
     ``weight_blocks`` prices them). The simulation (sim.build) and the plan screen both build layers here."""
@@ -183,7 +183,7 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
     lo = layer_ops(d, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype,
                    attention=attention, attention_dropout_kernel=ks.attention_dropout_kernel,
                    tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention),
-                   persistent_norm=persistent_norm(ks, norm_kernel, d.hidden))
+                   persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe)
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo

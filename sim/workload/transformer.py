@@ -329,7 +329,7 @@ def _wgrad(op: Op) -> Op:
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
-    flash_kernel: str = "", persistent_norm: bool = False,
+    flash_kernel: str = "", persistent_norm: bool = False, fp8_recipe: str = "delayed",
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -353,7 +353,8 @@ def layer_ops(
 
     ``persistent_norm``: the norms run a persistent kernel (the row in registers: apex contrib's
     FastLayerNorm, Transformer Engine's), which reaches more bandwidth than a framework's (``Op.family``).
-    ``d.dropout`` = 0 drops the dropout kernels (PyTorch launches nothing for p = 0).
+    ``d.dropout`` = 0 drops the dropout kernels (PyTorch launches nothing for p = 0). ``fp8_recipe``: the
+    scaling of fp8 GEMM inputs (see ``_with_fp8_casts``).
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -434,7 +435,8 @@ def layer_ops(
             attn=(norm2_b, add1_b, _dgrad(attn_out), _wgrad(attn_out), *core_b), qkv=qkv, last=(norm1_b,))
         backward_weight = ()
     if dtype == "fp8":
-        forward, backward_input = _with_fp8_casts(forward), _with_fp8_casts(backward_input)
+        forward = _with_fp8_casts(forward, fp8_recipe)
+        backward_input = _with_fp8_casts(backward_input, fp8_recipe)
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
 
 
@@ -460,17 +462,29 @@ def _overlapped_backward(sp: bool, comm_bytes: float, grad_row: str | None, *, m
 
 
 _FP8_CAST_BYTES_PER_ELEM = 2 + 1 + 1  # read bf16, write fp8 and fp8 transposed
+_FP8_AMAX_BYTES_PER_ELEM = 2  # current scaling: read the bf16 input once more for its amax
+FP8_RECIPES = ("delayed", "current")  # training.fp8_recipe
 
 
-def _with_fp8_casts(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
-    """Prefix each segment holding fp8 GEMMs with the cast_transpose of their m×k inputs."""
+def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed") -> tuple[Segment, ...]:
+    """Prefix each segment holding fp8 GEMMs with the cast_transpose of their m×k inputs.
+
+    ``recipe``: Transformer Engine's scaling. ``delayed`` (DelayedScaling, TE's default) scales by the amax
+    history of earlier iterations and records this tensor's amax inside the cast kernel; ``current``
+    (Float8CurrentScaling) needs the tensor's own amax first: a reduction pass over the input
+    (``nvte_compute_amax``), then the scale, then the cast, as TE's current-scaling quantizer and its
+    tests (tests/cpp/operator/test_cast_current_scaling.cu) run them."""
+    if recipe not in FP8_RECIPES:
+        raise ScenarioError(f"{recipe!r} is not one of {', '.join(FP8_RECIPES)}", field="training.fp8_recipe")
     out = []
     for seg in segments:
         elems = sum(op.m * op.k * op.batch for op in seg.ops
                     if op.kind == "gemm" and op.dtype == "fp8" and not op.name.endswith(".wgrad"))
         if elems:
             cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
-            seg = replace(seg, ops=(cast, *seg.ops))
+            amax = (elementwise("fp8 amax", elems * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(elems)),
+                    ) if recipe == "current" else ()
+            seg = replace(seg, ops=(*amax, cast, *seg.ops))
         out.append(seg)
     return tuple(out)
 

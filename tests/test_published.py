@@ -56,7 +56,7 @@ def test_eq4_reproduces_mtnlg_time_and_tflops_pairs(name: str) -> None:
     assert implied == pytest.approx(case.published.tflops_per_gpu, rel=0.01)
 
 
-@pytest.mark.parametrize("name", ["llama3-70b-64xh100-nemo", "llama3-8b-8xh100-nemo"])
+@pytest.mark.parametrize("name", ["llama3-70b-64xh100-nemo", "llama3-8b-8xh100-nemo", "llama31-405b-1024xh100-nemo"])
 def test_megatron_formula_reproduces_nemo_tokens_and_tflops_pairs(name: str) -> None:
     case, sc = BY_NAME[name], _scenario(name)
     flops_per_token = megatron_causal_2025(sc.model, 1) / sc.model.seq_len

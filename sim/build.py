@@ -224,7 +224,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     else:
         recompute = ()
     layer_act = partial(mem.activation_bytes_per_layer, seq=seq, micro_batch=b, hidden=m.hidden,
-                        heads=m.heads, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes)
+                        heads=m.heads, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes,
+                        fp8_gemm_inputs=dtype == "fp8")
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
     # as in the paper's Table 2.

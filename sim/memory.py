@@ -76,6 +76,7 @@ def activation_bytes_per_layer(
     sequence_parallel: bool = False,
     checkpointing: str = "none",
     bytes_per_elem: int = 2,
+    fp8_gemm_inputs: bool = False,
 ) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -83,6 +84,14 @@ def activation_bytes_per_layer(
     selective: sbh(10 + 24/t), or 34sbh/t with SP. full: 2sbh (the layer input), 2sbh/t with SP.
     The table counts 16-bit activations (and 1-byte dropout masks) with MHA, ffn = 4h and unfused
     attention; the result is scaled by bytes_per_elem / 2.
+
+    ``fp8_gemm_inputs``: the four GEMMs' inputs the weight gradients need are kept as the 1-byte fp8 copies
+    their casts made, as Transformer Engine's LayerNormLinear, Linear and LayerNormMLP save them
+    (``ln_out``/``inputmat`` quantized, ``update_usage(rowwise_usage=False)`` keeping the column-wise copy
+    for the wgrad GEMM; with sequence parallelism the row-wise local shard that backward re-gathers). That
+    halves the table's QKV and FC1 inputs (2sbh each, /t with SP) and the output projection's and FC2's
+    (2sbh/t, 8sbh/t): 7sbh/t fewer bytes with SP, sbh(2 + 5/t) without. Full checkpointing keeps the 16-bit
+    layer input only.
     """
     if checkpointing not in CHECKPOINTING_KINDS:
         raise ScenarioError(
@@ -99,6 +108,8 @@ def activation_bytes_per_layer(
         per_16bit = sbh * (34 / t + 5 * a * s / (h * t))
     else:
         per_16bit = sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    if fp8_gemm_inputs and checkpointing != "full":
+        per_16bit -= sbh * (2 / (t if sp else 1) + 5 / t)  # half of (2 + 2)·sbh replicated-or-/t and (2 + 8)·sbh/t
     return per_16bit * bytes_per_elem / 2
 
 

@@ -107,6 +107,19 @@ def test_korthikanti_table2_selective_and_full():
     )
 
 
+def test_fp8_keeps_the_gemm_inputs_in_one_byte():
+    """Transformer Engine fp8 keeps the QKV, projection, FC1 and FC2 inputs as 1-byte copies: with SP the
+    table's 34 sbh/t becomes (34 − 7) sbh/t (those inputs are 2 + 2 + 2 + 8 = 14 sbh/t, halved); without SP
+    the replicated QKV and FC1 inputs save sbh each, the split ones 5sbh/t; full checkpointing is unchanged."""
+    t = 8
+    sbh = S * B * H
+    kw = dict(seq=S, micro_batch=B, hidden=H, heads=A, tp=t, fp8_gemm_inputs=True)
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="selective") == pytest.approx(
+        27 * sbh / t)
+    assert activation_bytes_per_layer(**kw, checkpointing="selective") == pytest.approx(sbh * (10 - 2 + (24 - 5) / t))
+    assert activation_bytes_per_layer(**kw, checkpointing="full") == pytest.approx(2 * sbh)
+
+
 def test_activation_bytes_scale_with_element_size():
     kw = {"seq": S, "micro_batch": 2, "hidden": H, "heads": A, "tp": 4, "checkpointing": "none"}
     assert activation_bytes_per_layer(**kw, bytes_per_elem=4) == pytest.approx(

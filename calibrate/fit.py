@@ -19,8 +19,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from calibrate.config import MEMBW_FAMILIES
-from sim.cost.profile import GEMM_NEIGHBOURS, BandwidthCurve, ShapeTable, _idw  # noqa: F401 (re-exported)
+from sim.cost.profile import (  # noqa: F401 (BandwidthCurve, ShapeTable re-exported)
+    GEMM_NEIGHBOURS,
+    BandwidthCurve,
+    ShapeTable,
+    _idw,
+    streaming_kernels,
+)
 from sim.units import DTYPE_BYTES
 
 
@@ -193,7 +198,7 @@ def _gemm_loo(points: list[list[float]], min_time_s: float, elem_bytes: float) -
 
 def membw_table(measurements: list[dict]) -> dict:
     """Per kernel (all dtypes pooled: bandwidth is per byte): sorted (bytes_moved, bytes/s) and LOO error.
-    A kernel family (MEMBW_FAMILIES) is a curve like the streaming kernels; the peak is the streaming
+    A kernel family (sim.workload.ops.MEMORY_FAMILIES) is a curve like the streaming kernels; the peak is the streaming
     kernels' (the device's achieved bandwidth), which a norm or dropout does not set."""
     kernels: dict[str, dict[float, list[float]]] = {}
     for m in measurements:
@@ -216,8 +221,7 @@ def membw_table(measurements: list[dict]) -> dict:
             pred = np.interp(x[i], np.delete(x, i), np.delete(y, i))
             errs.append(math.exp(y[i] - pred) - 1.0)
     loo_rms, loo_max = rms_max(errs)
-    streaming = [c for name, c in curves.items() if name not in MEMBW_FAMILIES] or list(curves.values())
-    best = max(max(c["bytes_per_s"]) for c in streaming)
+    best = max(max(curves[name]["bytes_per_s"]) for name in streaming_kernels(curves))
     return {
         "kernels": curves,
         "max_bytes_per_s": best,

@@ -161,8 +161,7 @@ def plot_profile(profile: dict, png_path: str | Path) -> Path:
     ax = axes[2]
     mem = fits.get("memory") or {}
     if mem:
-        streaming = {k: c for k, c in mem["kernels"].items() if k not in MEMBW_FAMILIES} or mem["kernels"]
-        curve = BandwidthCurve(streaming)
+        curve = BandwidthCurve(mem["kernels"])
         for i, (name, c) in enumerate(mem["kernels"].items()):
             marker = "s" if name in MEMBW_FAMILIES else "o"
             ax.loglog(
@@ -173,9 +172,7 @@ def plot_profile(profile: dict, png_path: str | Path) -> Path:
                 color=f"C{i % 10}",
                 label=name,
             )
-        lo = min(c["bytes_moved"][0] for c in streaming.values())
-        hi = max(c["bytes_moved"][-1] for c in streaming.values())
-        xs = np.geomspace(lo, hi, 80)
+        xs = np.geomspace(*curve.streaming_range(), 80)
         ax.loglog(
             xs, [curve.bytes_per_s(x)[0] / 1e9 for x in xs], "k-", lw=1, label="streaming model (median)"
         )

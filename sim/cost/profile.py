@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,13 @@ class ShapeTable:
         return max(2.0 * m * n * k / tput, self.min_time_s), extrapolated
 
 
+def streaming_kernels(names: Iterable[str]) -> list[str]:
+    """The streaming kernels (copy, add, …) among measured curve names: those not of a kernel family
+    (``MEMORY_FAMILIES``); all of them when a profile measured families only."""
+    names = list(names)
+    return [name for name in names if name not in MEMORY_FAMILIES] or names
+
+
 class BandwidthCurve:
     """Achieved bytes/s over bytes moved: per kernel, log-log linear interpolation.
 
@@ -237,9 +245,13 @@ class BandwidthCurve:
             name: (np.log(np.asarray(c["bytes_moved"], float)), np.log(np.asarray(c["bytes_per_s"], float)))
             for name, c in kernels.items()
         }
-        streaming = [name for name in self.curves if name not in MEMORY_FAMILIES] or list(self.curves)
-        self.streaming = {name: self.curves[name] for name in streaming}
+        self.streaming = {name: self.curves[name] for name in streaming_kernels(self.curves)}
         self.min_time_s = self._floor_s(STREAM)  # a streaming op's latency floor
+
+    def streaming_range(self) -> tuple[float, float]:
+        """Smallest and largest bytes moved the streaming curves measured."""
+        return (min(float(np.exp(x[0])) for x, _ in self.streaming.values()),
+                max(float(np.exp(x[-1])) for x, _ in self.streaming.values()))
 
     def has(self, family: str) -> bool:
         return not family or family in self.curves

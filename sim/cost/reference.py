@@ -57,7 +57,7 @@ class ReferenceProfile:
     family_fractions: dict[str, float] = field(default_factory=dict)
 
     def memory_fraction_of(self, family: str) -> float:
-        return self.family_fractions.get(family, self.memory_fraction) if family else self.memory_fraction
+        return self.family_fractions.get(family, self.memory_fraction)
 
     def gemm_model(self, sm_count: int, peak_flops_per_s: float, reference_peak_flops_per_s: float,
                    dtype: str = "bf16") -> GemmShapeModel:

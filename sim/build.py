@@ -311,10 +311,11 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         if s == par.pipeline - 1:
             acts += b * seq * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
         act_by_stage.append(acts)
-        # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights) and the
-        # two p2p activation buffers.
-        buf = 2 * _bucket_bytes(scenario, gbytes) if par.zero < 3 else 2 * layer_params * ebytes * par.data
-        buf_by_stage.append(buf + 2 * send)
+        # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights, the one in
+        # use and the one prefetched; ``layer_params`` is already the whole layer of this TP rank, so the
+        # gather does not multiply it again) and, with a pipeline, the two p2p activation buffers.
+        buf = 2 * _bucket_bytes(scenario, gbytes) if par.zero < 3 else 2 * layer_params * ebytes
+        buf_by_stage.append(buf + (2 * send if vsn > 1 else 0.0))  # no pipeline, no p2p buffers
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes,
                                             expert_by_stage if moe is not None else None)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]

@@ -43,6 +43,13 @@ def model_state_bytes(
     ``params`` is what this GPU holds after tensor/pipeline splitting, before ZeRO.
     ``grad_bytes_per_param`` overrides the gradient element size (Megatron keeps bf16 models' gradients in
     an fp32 ``main_grad`` buffer: 4).
+
+    ZeRO-3 with fp32 gradients is PyTorch FSDP's layout: the sharded flat parameter keeps the weights'
+    own fp32 dtype and is what the optimizer updates (the master copy), and the 16-bit shard that
+    MixedPrecision gathers from is made for each all-gather and freed after it (``_mp_shard`` in
+    torch/distributed/fsdp), so a GPU keeps 4 (weights) + 4 (gradients) + K - 4 (moments) bytes per
+    parameter over dp, not a 16-bit copy beside the master. DeepSpeed's ZeRO-3 keeps the 16-bit
+    partition and 16-bit gradients: the paper's 2 + 2 + K.
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ScenarioError(f"must be 0, 1, 2 or 3, got {zero_stage}", field="parallel.zero")
@@ -59,8 +66,10 @@ def model_state_bytes(
         )
     elem = _HALF if precision in MIXED_PRECISIONS else DTYPE_BYTES[precision]
     k = _optimizer_bytes_per_param(precision, optimizer)
-    weights = elem * params / (dp if zero_stage >= 3 else 1)
     grad_elem = elem if grad_bytes_per_param is None else grad_bytes_per_param
+    if zero_stage >= 3 and precision in MIXED_PRECISIONS and grad_elem == _FP32 and k >= _FP32:
+        elem, k = _FP32, k - _FP32  # FSDP: the fp32 shard is the weights and the master at once
+    weights = elem * params / (dp if zero_stage >= 3 else 1)
     gradients = grad_elem * params / (dp if zero_stage >= 2 else 1)
     optimizer_b = k * params / (dp if zero_stage >= 1 else 1)
     return {"weights": float(weights), "gradients": float(gradients), "optimizer": float(optimizer_b)}

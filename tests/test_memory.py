@@ -242,3 +242,35 @@ def test_breakdown_fits_and_hints():
     assert any("checkpointing" in h for h in hints)
     assert any("pipeline parallelism to 3" in h for h in hints)  # 160 GB of states in a 70 GB budget
     assert suggest_fixes(mb, 200 * GB, zero_stage=0, dp=8, checkpointing="none", pp=1, layers=32) == []
+
+
+def test_zero3_buffers_hold_two_gathered_layers_not_the_whole_group():
+    """FSDP/ZeRO-3 gathers one layer at a time (and prefetches the next): the buffer is two whole layers
+    of 16-bit weights, 2 x 12h^2 x 2 bytes for a bias-free GPT layer, however many GPUs share the shards.
+    MPT-7B (h 4096) on 8 GPUs: 2 x 12 x 4096^2 x 2 = 0.805 GB. Before the fix it was 8x that, and the
+    published llm-foundry runs of MPT-7B and MPT-30B (which ran on 80 GB A100s) were reported not to fit."""
+    from sim.api import simulate
+    from sim.scenario.load import load_scenario
+
+    h = 4096
+    for data in (8, 4):
+        sc = load_scenario("scenarios/published/mpt-7b-8xa100-llmfoundry.yaml",
+                           [f"parallel.data={data}", f"cluster.gpus_per_node={data}", f"training.global_batch={12 * data}"])
+        buffers = simulate(sc).summary["memory_by_stage"][0]["buffers"]
+        assert buffers == pytest.approx(2 * 12 * h * h * 2, rel=1e-3)
+    for case in ("mpt-7b-8xa100-llmfoundry", "mpt-30b-8xa100-llmfoundry"):
+        assert simulate(load_scenario(f"scenarios/published/{case}.yaml")).summary["fits_in_memory"], case
+
+
+def test_fsdp_keeps_one_fp32_copy_of_the_weights():
+    """ZeRO-3 with fp32 gradients (FSDP): 4 + 4 + 8 = 16 bytes per parameter over dp, the fp32 shard
+    serving as the master; with 16-bit gradients (DeepSpeed ZeRO-3) the paper's 2 + 2 + 12."""
+    psi, dp = 30e9, 8
+    fsdp = model_state_bytes(psi, zero_stage=3, dp=dp, precision="bf16", grad_bytes_per_param=4)
+    assert fsdp == pytest.approx({"weights": 4 * psi / dp, "gradients": 4 * psi / dp, "optimizer": 8 * psi / dp})
+    assert _total(fsdp) == pytest.approx(16 * psi / dp)
+    ds = model_state_bytes(psi, zero_stage=3, dp=dp, precision="bf16", grad_bytes_per_param=2)
+    assert ds == pytest.approx({"weights": 2 * psi / dp, "gradients": 2 * psi / dp, "optimizer": 12 * psi / dp})
+    # ZeRO-1/2 with Megatron's fp32 main_grad keep the 16-bit weights beside the master: 2 + 4 + 12.
+    z1 = model_state_bytes(psi, zero_stage=1, dp=dp, precision="bf16", grad_bytes_per_param=4)
+    assert z1 == pytest.approx({"weights": 2 * psi, "gradients": 4 * psi, "optimizer": 12 * psi / dp})

@@ -165,3 +165,22 @@ def test_published_needs_neither_torch_nor_calibrate() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert SMALL in proc.stdout
+
+
+# Meta's Llama 3 405B runs: dtsim's activation count (Korthikanti's, for a SwiGLU/GQA layer, with the
+# interleaved schedule's in-flight micro-batches) exceeds 80 GB without recomputation, though the paper
+# trained at 8K without it; a known gap of the memory model (README, limits).
+MEMORY_GAP = {"llama3-405b-8192xh100", "llama3-405b-16384xh100"}
+
+
+@pytest.mark.parametrize("name", sorted(set(BY_NAME) - MEMORY_GAP))
+def test_every_published_run_fits_in_its_gpus(name: str) -> None:
+    """These runs happened on the GPUs they name, so the memory model must find them a fit (analytic: the
+    job is built, not simulated)."""
+    from sim.build import build_job, cost_model_for
+    from sim.memory import fits
+
+    sc = _scenario(name)
+    _, info = build_job(sc, cost_model_for(sc))
+    worst = max(d["peak"] for d in info.memory_by_stage)
+    assert fits(worst, sc.gpu.memory_bytes), f"{name}: {worst / 1e9:.1f} GB > {sc.gpu.memory_bytes / 1e9:.0f} GB"

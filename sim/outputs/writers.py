@@ -95,14 +95,13 @@ def _csv_column(texts: list[str]) -> list[str]:
     return [_csv_quote(t) for t in texts]
 
 
-def csv_order(timeline: Timeline) -> list[int]:
+def _csv_rows(table) -> np.ndarray:
     """Span indices sorted by (GPU, start, stream name), stable: the row order of timeline.csv."""
-    table = span_table(timeline)
+    if not len(table):
+        return np.zeros(0, dtype=np.int64)
     alpha = {name: rank for rank, name in enumerate(sorted(table.streams))}
     stream_rank = np.array([alpha[name] for name in table.streams], dtype=np.int64)
-    if not len(table):
-        return []
-    return np.lexsort((stream_rank[table.stream], table.start_s, table.gpu)).tolist()
+    return np.lexsort((stream_rank[table.stream], table.start_s, table.gpu))
 
 
 def _reprs(values: list) -> list[str]:
@@ -111,29 +110,38 @@ def _reprs(values: list) -> list[str]:
     return text[1:-1].split(", ") if len(values) else []
 
 
+def _coded(codes: np.ndarray, names: tuple[str, ...]) -> list[str]:
+    """The CSV text of a coded string column: each distinct name quoted once, then looked up."""
+    texts = np.array([_csv_quote(n) for n in names] or [""], dtype=object)
+    return texts[codes].tolist()
+
+
 def write_timeline_csv(timeline: Timeline, fh: IO[str]) -> None:
     """timeline.csv, streamed in chunks: one row per span, sorted by GPU, start and stream.
 
-    The same bytes ``csv.writer`` gives, at a fraction of the cost: numbers are formatted column-wise by C
-    list reprs and rows joined with ``map`` rather than one Python call per field."""
+    The same bytes ``csv.writer`` gives, at a fraction of the cost: the numeric and coded columns come
+    from the span table (numpy, shared with the charts and the trace), numbers are formatted column-wise
+    by C list reprs, and rows are joined with ``map`` rather than one Python call per field; only the
+    name and the args are read span by span."""
     spans = timeline.spans
-    order = csv_order(timeline)
+    table = span_table(timeline)
+    order = _csv_rows(table)
     fh.write(CSV_HEADER)
     for lo in range(0, len(order), CHUNK_LINES):
-        part = [spans[k] for k in order[lo : lo + CHUNK_LINES]]
-        starts = [s.start_s for s in part]
-        durs = [s.dur_s for s in part]
+        rows = order[lo : lo + CHUNK_LINES]
+        part = [spans[k] for k in rows.tolist()]
+        starts, durs = table.start_s[rows], table.dur_s[rows]
         args = [s.args for s in part]
         mbs = [a.get("microbatch", "") for a in args]
         nbytes = [a.get("bytes", "") for a in args]
         cols = (
-            _reprs([s.gpu for s in part]),
-            _csv_column([s.stream for s in part]),
+            _reprs(table.gpu[rows].tolist()),
+            _coded(table.stream[rows], table.streams),
             _csv_column([s.name for s in part]),
-            _csv_column([s.category for s in part]),
-            _reprs(starts),
-            _reprs(durs),
-            _reprs([x + d for x, d in zip(starts, durs, strict=True)]),
+            _coded(table.category[rows], table.categories),
+            _reprs(starts.tolist()),
+            _reprs(durs.tolist()),
+            _reprs((starts + durs).tolist()),
             ["" if v is None else str(v) for v in mbs],
             ["" if v is None else str(v) for v in nbytes],
         )

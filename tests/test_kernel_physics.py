@@ -392,3 +392,30 @@ def test_flash_attention_v1_without_public_figures_is_one_clear_line(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "training.flash_attention" in err and "Traceback" not in err, err
     assert "H100-SXM" in err and "latest" in err
+
+
+def test_concurrent_collectives_hold_their_own_sms() -> None:
+    """Two overlapped collectives on different groups run their own NCCL kernels, each with its CTAs: the
+    shares add. 100 SMs, a TP collective of 20 CTAs in flight over [0.1, 0.5] s and a DP one of 30 over
+    [0.3, 0.9] s: 1 s of compute from t = 0 runs at 1, 0.8, 0.5, 0.7 and again 1 of its speed, so by 0.9 s
+    0.1 + 0.16 + 0.1 + 0.28 = 0.64 s of it is done and it ends at 0.9 + 0.36 = 1.26 s."""
+    lw = (LayerWork("L0", (Block("f", 0.01),), (Block("b", 0.01),), ()),)
+    job = TrainingJob(dp=2, tp=1, pp=1, virtual_stages=1, microbatches=1, schedule="1f1b",
+                      chunks=[ChunkWork(lw)], static_bytes=[0.0], comm_sms={"tp": 20, "dp": 30}, sm_count=100)
+    ex = TrainingExecutor(world(2, 1), job, symmetric=False)
+    env, ended = ex.env, []
+
+    def collective(kind: str, start: float, stop: float):
+        yield env.timeout(start)
+        share = ex._comm_begin(0, kind)
+        yield env.timeout(stop - start)
+        ex._comm_end(0, share)
+
+    def compute():
+        yield from ex._compute(0, 1.0)
+        ended.append(env.now)
+
+    for proc in (collective("tp", 0.1, 0.5), collective("dp", 0.3, 0.9), compute()):
+        env.process(proc)
+    env.run()
+    assert ended == [pytest.approx(1.26, rel=1e-12)]

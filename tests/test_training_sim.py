@@ -330,6 +330,16 @@ def test_symmetric_matches_full_when_every_collective_is_a_ring(zero: int, tp: i
     if tp == 4:  # the tuner runs the cross-entropy's 8 kB sums as trees (LL): latency-bound, still exempt
         assert "tree/LL" in full.summary["collective_algorithms"]["tp:all_reduce"]
     assert sym.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-8)
-    # The 4-byte gradient-norm all-reduce (ZeRO) runs as a tree, whose ranks finish apart: 2e-4 of the
-    # exposed communication, as before this rule (not in the step time).
-    assert sym.summary["exposed_comm_s"] == pytest.approx(full.summary["exposed_comm_s"], rel=1e-3)
+    # Each representative GPU waits for the same communication as in the full run. (The 4-byte
+    # gradient-norm all-reduce (ZeRO) runs as a tree, whose ranks finish apart: 2e-4 of the exposed
+    # communication, as before this rule, not in the step time. Ring ranks also finish their collectives
+    # apart, so the SMs NCCL holds beside compute differ by microseconds between data-parallel ranks: the
+    # summary's busiest GPU may be another rank in the full run; hence GPU by GPU.)
+    from sim.metrics import breakdown_by_gpu
+
+    step = full.summary["step_time_s"]
+    reps = list(sym.timeline.gpus)
+    mine, theirs = breakdown_by_gpu(sym.timeline, reps, 0.0, step), breakdown_by_gpu(full.timeline, reps, 0.0, step)
+    for g in reps:
+        assert mine[g]["exposed_comm_s"] == pytest.approx(theirs[g]["exposed_comm_s"], rel=1e-3), g
+        assert mine[g]["compute_s"] == pytest.approx(theirs[g]["compute_s"], rel=1e-6), g

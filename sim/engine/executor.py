@@ -98,12 +98,16 @@ class TrainingExecutor:
         self._p2p_mirrors = sym.p2p_mirrors
         self._cacheable = sym.cacheable
         self.last_loss_scale: list[dict] = []
-        # Compute/communication interference: overlapped collectives in flight per GPU, and the time
-        # during which any was (cumulative, up to the mark where the current activity began).
+        # Compute/communication interference: per GPU, the overlapped collectives in flight and the share
+        # of its SMs their NCCL kernels hold together, and the compute time lost to them so far
+        # (cumulative up to the mark where the share last changed).
         self._comm_active: dict[int, int] = {}
-        self._active_cum: dict[int, float] = {}
-        self._active_mark: dict[int, float] = {}
-        self._comm_idle: dict[int, simpy.Event] = {}  # fires when g's last overlapped collective ends
+        self._held: dict[int, float] = {}
+        self._lost_cum: dict[int, float] = {}
+        self._lost_mark: dict[int, float] = {}
+        self._comm_change: dict[int, simpy.Event] = {}  # fires when one of g's overlapped collectives ends
+        self._interferes = job.comm_slowdown > 0 or any(v > 0 for v in job.comm_sms.values())
+        self._max_share = 1.0 - 1.0 / max(job.sm_count, 2)  # the compute keeps at least one SM
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -210,7 +214,7 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            self._comm_begin(g)
+            share = self._comm_begin(g, "pp")
             rt = world.topology.route(g, dst)
             ev = world.network.transfer_event([(rt.links, 1.0)], size_bytes, rt.latency_s)
             if self.symmetric:
@@ -218,7 +222,7 @@ class TrainingExecutor:
                     prt = world.topology.route(a, b)
                     world.network.transfer_event([(prt.links, 1.0)], size_bytes, prt.latency_s)
             yield ev
-            self._comm_end(g)
+            self._comm_end(g, share)
             world.span(g, STREAM_P2P, name, COMM_PP, start, {"bytes": size_bytes, "op": "send", "dst": dst})
             arrive.succeed()
             return None
@@ -285,49 +289,68 @@ class TrainingExecutor:
         done.succeed()
 
     # ---- compute ---------------------------------------------------------------------------------
-    def _comm_begin(self, g: int) -> None:
-        if self._comm_active.get(g, 0) == 0:
-            self._active_mark[g] = self.env.now
+    def _share_of(self, kind: str) -> float:
+        """The share of a GPU's SMs one ``kind`` collective's NCCL kernels hold while it runs: its CTAs
+        (``job.comm_sms``) over the SMs, else the GPU's default ``comm_slowdown`` x as x/(1 + x)."""
+        job = self.job
+        sms = job.comm_sms.get(kind)
+        if sms is not None and job.sm_count > 0:
+            return sms / job.sm_count
+        x = job.comm_slowdown
+        return x / (1.0 + x) if x > 0 else 0.0
+
+    def _settle(self, g: int) -> None:
+        """Book the compute lost on g since the last mark at the share held meanwhile."""
+        now = self.env.now
+        held = min(self._held.get(g, 0.0), self._max_share)
+        self._lost_cum[g] = self._lost_cum.get(g, 0.0) + (now - self._lost_mark.get(g, now)) * held
+        self._lost_mark[g] = now
+
+    def _comm_begin(self, g: int, kind: str) -> float:
+        """An overlapped collective of ``kind`` starts on g; returns the SM share it holds."""
+        share = self._share_of(kind)
+        self._settle(g)
         self._comm_active[g] = self._comm_active.get(g, 0) + 1
+        self._held[g] = self._held.get(g, 0.0) + share
+        return share
 
-    def _comm_end(self, g: int) -> None:
+    def _comm_end(self, g: int, share: float) -> None:
+        self._settle(g)
         self._comm_active[g] -= 1
-        if self._comm_active[g] == 0:
-            self._active_cum[g] = self._active_cum.get(g, 0.0) + self.env.now - self._active_mark[g]
-            idle = self._comm_idle.pop(g, None)
-            if idle is not None:  # a compute block slowed by it re-plans the rest at full speed
-                idle.succeed()
+        # Concurrent collectives' kernels hold their own CTAs: the shares add, and each end frees its own.
+        self._held[g] = self._held[g] - share if self._comm_active[g] else 0.0
+        change = self._comm_change.pop(g, None)
+        if change is not None:  # a compute block slowed by it re-plans the rest at the new rate
+            change.succeed()
 
-    def _active_time(self, g: int) -> float:
-        """Seconds so far during which an overlapped collective of g was in flight."""
-        t = self._active_cum.get(g, 0.0)
-        if self._comm_active.get(g, 0):
-            t += self.env.now - self._active_mark[g]
-        return t
+    def _lost(self, g: int) -> float:
+        """Seconds of g's compute lost so far to the SMs its overlapped collectives held."""
+        held = min(self._held.get(g, 0.0), self._max_share)
+        return self._lost_cum.get(g, 0.0) + (self.env.now - self._lost_mark.get(g, self.env.now)) * held
 
     def _compute(self, g: int, work_s: float):
-        """Run ``work_s`` of compute. While an overlapped collective of g is in flight the SMs its NCCL
-        kernels hold are lost, so compute runs 1/(1 + comm_slowdown) as fast. Exact: at each wake-up the
-        work done is the elapsed time less the share lost to the active time; a wait at the slow rate also
-        ends when the last collective does (the rest then runs at full speed), and a wait at full speed
-        that a collective joined is made up at the next wake-up."""
-        env, x = self.env, self.job.comm_slowdown
-        if x <= 0:
+        """Run ``work_s`` of compute. While overlapped collectives of g are in flight the SMs their NCCL
+        kernels hold are lost: compute runs at (1 − share) of its speed, the shares of concurrent
+        collectives adding up (each kernel has its own CTAs). Exact: at each wake-up the work done is the
+        elapsed time less the time lost; a slowed wait also ends when a collective does (the rest is
+        re-planned at the new rate), and a wait that a collective joined is made up at the next wake-up."""
+        env = self.env
+        if not self._interferes:
             yield env.timeout(work_s)
             return
-        lost = x / (1.0 + x)
-        t0, a0 = env.now, self._active_time(g)
+        t0, l0 = env.now, self._lost(g)
         remaining = work_s
         # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
         while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
-            if self._comm_active.get(g, 0):
-                idle = self._comm_idle.get(g)
-                if idle is None:
-                    idle = self._comm_idle[g] = env.event()
-                yield env.timeout(remaining * (1.0 + x)) | idle
+            held = min(self._held.get(g, 0.0), self._max_share)
+            if self._comm_active.get(g, 0) and held > 0:
+                change = self._comm_change.get(g)
+                if change is None:
+                    change = self._comm_change[g] = env.event()
+                yield env.timeout(remaining / (1.0 - held)) | change
             else:
                 yield env.timeout(remaining)
-            remaining = work_s - ((env.now - t0) - (self._active_time(g) - a0) * lost)
+            remaining = work_s - ((env.now - t0) - (self._lost(g) - l0))
 
     def _blocks(self, g: int, blocks: tuple[Block, ...], category: str, args: dict, prefix: str):
         env, world = self.env, self.world
@@ -356,7 +379,7 @@ class TrainingExecutor:
                 yield from self._compute(g, work)
                 world.compute_events += 1
                 lost = env.now - start - work
-                if self.job.comm_slowdown > 0 and lost > 1e-9 * work:  # slowed by overlapped communication
+                if self._interferes and lost > 1e-9 * work:  # slowed by overlapped communication
                     world.timeline.add(Span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category,
                                             start, work, args))
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} (slowed by comm)", INTERFERENCE,
@@ -388,9 +411,9 @@ class TrainingExecutor:
         if wait_s > 0:
             yield self.env.timeout(wait_s)
         start = self.env.now
-        self._comm_begin(g)
+        share = self._comm_begin(g, kind)
         yield from self._collective(g, kind, op, b.comm_bytes)
-        self._comm_end(g)
+        self._comm_end(g, share)
         if finish is not None:
             finish(self.env.now - start)
         self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped)",
@@ -576,9 +599,9 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            self._comm_begin(g)
+            share = self._comm_begin(g, kind)
             alg = yield from self._collective(g, kind, op, size_bytes)
-            self._comm_end(g)
+            self._comm_end(g, share)
             if env.now > start:
                 world.span(g, STREAM_DP, f"{op} grads", COMM_DP, start,
                            {"bytes": size_bytes, "op": op, "step": step, "algorithm": alg})
@@ -611,9 +634,9 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            self._comm_begin(g)
+            share = self._comm_begin(g, "dp")
             alg = yield from self._collective(g, "dp", "all_gather", size_bytes)
-            self._comm_end(g)
+            self._comm_end(g, share)
             if env.now > start:
                 world.span(g, STREAM_DP, "all_gather params", COMM_DP, start,
                            {"bytes": size_bytes, "op": "all_gather", "algorithm": alg})

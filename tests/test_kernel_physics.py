@@ -396,18 +396,21 @@ def test_flash_attention_v1_without_public_figures_is_one_clear_line(tmp_path, c
 
 def test_concurrent_collectives_hold_their_own_sms() -> None:
     """Two overlapped collectives on different groups run their own NCCL kernels, each with its CTAs: the
-    shares add. 100 SMs, a TP collective of 20 CTAs in flight over [0.1, 0.5] s and a DP one of 30 over
-    [0.3, 0.9] s: 1 s of compute from t = 0 runs at 1, 0.8, 0.5, 0.7 and again 1 of its speed, so by 0.9 s
-    0.1 + 0.16 + 0.1 + 0.28 = 0.64 s of it is done and it ends at 0.9 + 0.36 = 1.26 s."""
+    shares add. 100 SMs; the TP pair inside a node holds 20 (``nvlink``), the DP pair across two nodes 30
+    (``net``). TP in flight over [0.1, 0.5] s and DP over [0.3, 0.9] s: 1 s of compute from t = 0 runs at
+    1, 0.8, 0.5, 0.7 and again 1 of its speed, so by 0.9 s 0.1 + 0.16 + 0.1 + 0.28 = 0.64 s of it is done
+    and it ends at 0.9 + 0.36 = 1.26 s."""
+    from sim.hardware.nccl import CommCTAs
+
     lw = (LayerWork("L0", (Block("f", 0.01),), (Block("b", 0.01),), ()),)
-    job = TrainingJob(dp=2, tp=1, pp=1, virtual_stages=1, microbatches=1, schedule="1f1b",
-                      chunks=[ChunkWork(lw)], static_bytes=[0.0], comm_sms={"tp": 20, "dp": 30}, sm_count=100)
-    ex = TrainingExecutor(world(2, 1), job, symmetric=False)
+    job = TrainingJob(dp=2, tp=2, pp=1, virtual_stages=1, microbatches=1, schedule="1f1b",
+                      chunks=[ChunkWork(lw)], static_bytes=[0.0], nccl=CommCTAs(100, net=30, nvlink=20))
+    ex = TrainingExecutor(world(2, 2), job, symmetric=False)
     env, ended = ex.env, []
 
     def collective(kind: str, start: float, stop: float):
         yield env.timeout(start)
-        share = ex._comm_begin(0, kind)
+        share = ex._comm_begin(0, kind, "all_reduce", 64e6)
         yield env.timeout(stop - start)
         ex._comm_end(0, share)
 
@@ -419,3 +422,18 @@ def test_concurrent_collectives_hold_their_own_sms() -> None:
         env.process(proc)
     env.run()
     assert ended == [pytest.approx(1.26, rel=1e-12)]
+
+
+def test_nccl_ctas_follow_where_the_ranks_are() -> None:
+    """The SMs a collective holds on an A100 and an H100, as NCCL's channel counts give them (GPU presets,
+    sources there): inside a node 24; NVLS 16 (H100); rings through the NICs with 8 GPUs a node 16; one GPU
+    a node 2 (A100) or 4 (H100); a pipeline send to another node NCCL_NCHANNELS_PER_NET_PEER = 2."""
+    from sim.hardware.gpu import GPU_PRESETS
+
+    a100, h100 = GPU_PRESETS["A100-80GB"].nccl_ctas(), GPU_PRESETS["H100-SXM"].nccl_ctas()
+    assert a100.of(1, 8, "ring") == 24 and h100.of(1, 8, "ring") == 24
+    assert h100.of(1, 8, "nvls") == 16 and a100.of(1, 8, "nvls") == 24  # no NVLS on A100: its rings
+    assert a100.of(4, 8, "ring") == 16 and h100.of(4, 8, "tree") == 16
+    assert a100.of(16, 1, "ring") == 2 and h100.of(16, 1, "ring") == 4
+    assert a100.of(2, 1, "direct") == 2
+    assert a100.share(1, 8, "ring") == pytest.approx(24 / 108)  # compute beside it: 84/108 of its speed

@@ -106,8 +106,10 @@ class TrainingExecutor:
         self._lost_cum: dict[int, float] = {}
         self._lost_mark: dict[int, float] = {}
         self._comm_change: dict[int, simpy.Event] = {}  # fires when one of g's overlapped collectives ends
-        self._interferes = job.comm_slowdown > 0 or any(v > 0 for v in job.comm_sms.values())
-        self._max_share = 1.0 - 1.0 / max(job.sm_count, 2)  # the compute keeps at least one SM
+        self._interferes = job.comm_slowdown > 0 or job.nccl is not None
+        # The compute keeps at least one SM.
+        self._max_share = 1.0 - 1.0 / job.nccl.sm_count if job.nccl is not None and job.nccl.sm_count > 1 else 0.99
+        self._shares: dict[tuple, float] = {}
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -214,7 +216,7 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            share = self._comm_begin(g, "pp")
+            share = self._comm_begin(g, "pp", "send_recv", size_bytes, dst)
             rt = world.topology.route(g, dst)
             ev = world.network.transfer_event([(rt.links, 1.0)], size_bytes, rt.latency_s)
             if self.symmetric:
@@ -289,15 +291,24 @@ class TrainingExecutor:
         done.succeed()
 
     # ---- compute ---------------------------------------------------------------------------------
-    def _share_of(self, kind: str) -> float:
-        """The share of a GPU's SMs one ``kind`` collective's NCCL kernels hold while it runs: its CTAs
-        (``job.comm_sms``) over the SMs, else the GPU's default ``comm_slowdown`` x as x/(1 + x)."""
+    def _share_of(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None = None) -> float:
+        """The share of g's SMs one collective's NCCL kernels hold while it runs: their CTAs (one per
+        channel; how many depends on where the group's ranks are and on the algorithm the tuner picks,
+        ``job.nccl``) over the SMs; without ``job.nccl``, ``comm_slowdown`` x as x/(1 + x). ``peer``: the
+        other end of a pipeline send."""
         job = self.job
-        sms = job.comm_sms.get(kind)
-        if sms is not None and job.sm_count > 0:
-            return sms / job.sm_count
-        x = job.comm_slowdown
-        return x / (1.0 + x) if x > 0 else 0.0
+        if job.nccl is None:
+            x = job.comm_slowdown
+            return x / (1.0 + x) if x > 0 else 0.0
+        group = [g, peer] if peer is not None else self._group(g, kind)
+        shape = group_shape(self.world.topology, group)
+        key = (kind, op, size_bytes, shape)
+        share = self._shares.get(key)
+        if share is None:
+            alg = "direct" if peer is not None else choose(op, kind, size_bytes, self.world.topology, group,
+                                                             self.comm, self._choices).algorithm
+            share = self._shares[key] = job.nccl.share(shape.nodes, shape.per_node, alg)
+        return share
 
     def _settle(self, g: int) -> None:
         """Book the compute lost on g since the last mark at the share held meanwhile."""
@@ -306,9 +317,9 @@ class TrainingExecutor:
         self._lost_cum[g] = self._lost_cum.get(g, 0.0) + (now - self._lost_mark.get(g, now)) * held
         self._lost_mark[g] = now
 
-    def _comm_begin(self, g: int, kind: str) -> float:
-        """An overlapped collective of ``kind`` starts on g; returns the SM share it holds."""
-        share = self._share_of(kind)
+    def _comm_begin(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None = None) -> float:
+        """An overlapped collective starts on g; returns the SM share it holds."""
+        share = self._share_of(g, kind, op, size_bytes, peer)
         self._settle(g)
         self._comm_active[g] = self._comm_active.get(g, 0) + 1
         self._held[g] = self._held.get(g, 0.0) + share
@@ -411,7 +422,7 @@ class TrainingExecutor:
         if wait_s > 0:
             yield self.env.timeout(wait_s)
         start = self.env.now
-        share = self._comm_begin(g, kind)
+        share = self._comm_begin(g, kind, op, b.comm_bytes)
         yield from self._collective(g, kind, op, b.comm_bytes)
         self._comm_end(g, share)
         if finish is not None:
@@ -599,7 +610,7 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            share = self._comm_begin(g, kind)
+            share = self._comm_begin(g, kind, op, size_bytes)
             alg = yield from self._collective(g, kind, op, size_bytes)
             self._comm_end(g, share)
             if env.now > start:
@@ -634,7 +645,7 @@ class TrainingExecutor:
 
         def body():
             start = env.now
-            share = self._comm_begin(g, "dp")
+            share = self._comm_begin(g, "dp", "all_gather", size_bytes)
             alg = yield from self._collective(g, "dp", "all_gather", size_bytes)
             self._comm_end(g, share)
             if env.now > start:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.hardware.nccl import CommCTAs
 from sim.schedules.actions import SPLIT_BACKWARD
 
 
@@ -84,10 +85,9 @@ class TrainingJob:
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed pipe + bf16)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     comm_slowdown: float = 0.0  # compute runs 1/(1+x) slower while one overlapped collective is active
-    # SMs (NCCL CTAs) one collective of each kind ("tp", "dp", "edp", "pp", …) holds while it runs, over the
-    # GPU's SMs: a kind given here takes its share from them instead of from comm_slowdown.
-    comm_sms: dict[str, int] = field(default_factory=dict)
-    sm_count: int = 108
+    # The SMs (NCCL CTAs) a collective's kernel holds, by where its ranks are (sim.hardware.nccl); None:
+    # every overlapped collective holds the comm_slowdown share.
+    nccl: CommCTAs | None = None
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
     cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
 

@@ -167,7 +167,7 @@ class Estimator:
         self.bucket_MB = par.bucket_MB
         self.overlap_grad_sync = par.overlap_grad_sync
         self.capacity = scenario.gpu.memory_bytes
-        self.comm_slowdown = scenario.gpu.comm_compute_slowdown
+        self.nccl = scenario.gpu.nccl_ctas()
         # Synchronous training runs at its slowest GPU's pace: compute × the expected slowest factor of the
         # cluster's GPUs (the simulation draws them; see sim.engine.variability).
         self.slowest = expected_slowest(c.gpu_speed_spread, c.total_gpus)
@@ -194,19 +194,37 @@ class Estimator:
         nodes = sorted({r // per for r in ranks})
         where = {n: i for i, n in enumerate(nodes)}
         local = [where[r // per] * per + r % per for r in ranks]
+        return self._priced_collective(op, kind, local, len(nodes), n_bytes)[0]
+
+    def _priced_collective(self, op: str, kind: str, local: list[int], nodes: int, n_bytes: float):
+        """(time, algorithm, group shape) of the tuner's fastest closed-form prediction for the group."""
         key = (op, kind, n_bytes, tuple(local))
-        t = self._priced.get(key)
-        if t is None:
-            topo = self._topology(len(nodes))
+        hit = self._priced.get(key)
+        if hit is None:
+            topo = self._topology(nodes)
             shape = alg.group_shape(topo, local)
             # The tuner's closed-form predictions, fastest first (``choose`` without its refinement, which
             # times near-tied candidates by simulating them: ~70 % of a 175B screen's time for < 30 %).
-            t = self._priced[key] = min(
-                alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm)
+            t, a = min(
+                (alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm), a)
                 for a in alg.candidates(op, kind, shape, self.comm, topo)
                 for proto in alg.PIPELINE_PROTOCOLS.get(a, ("Simple",))
             )
-        return t
+            hit = self._priced[key] = (t, a, shape)
+        return hit
+
+    def comm_slowdown_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
+        """x such that compute beside this collective runs 1/(1 + x) as fast: its NCCL kernel's CTAs by
+        where the group's ranks are and the algorithm it runs (as the simulation's executor prices it)."""
+        if len(ranks) <= 1 or n_bytes <= 0:
+            return 0.0
+        per = self.gpus_per_node
+        nodes = sorted({r // per for r in ranks})
+        where = {n: i for i, n in enumerate(nodes)}
+        local = [where[r // per] * per + r % per for r in ranks]
+        _, a, shape = self._priced_collective(op, kind, local, len(nodes), n_bytes)
+        share = self.nccl.share(shape.nodes, shape.per_node, a)
+        return share / (1.0 - share)
 
     def _tp_group(self, t: int) -> list[int]:
         return list(range(t))
@@ -223,7 +241,7 @@ class Estimator:
                              flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb,
                              norm_kernel=self.training.norm_kernel, fp8_recipe=self.training.fp8_recipe)
         group = self._tp_group(t)
-        k, x = self.slowest, self.comm_slowdown
+        k = self.slowest
 
         def comm(blocks: tuple[Block, ...]) -> float:
             """What the blocks' collectives add to their compute: a blocking one its time C; one run beside
@@ -235,7 +253,11 @@ class Estimator:
                 if blk.comm:
                     c = self.collective_s(blk.comm, "tp", group, blk.comm_bytes)
                     w = k * blk.dur_s
-                    total += max(c, w + c * x / (1 + x)) - w if blk.overlap else c
+                    if blk.overlap:
+                        x = self.comm_slowdown_of(blk.comm, "tp", group, blk.comm_bytes)
+                        total += max(c, w + c * x / (1 + x)) - w
+                    else:
+                        total += c
             return total
 
         fwd = blocks(cost, lo.forward, host_s=host)
@@ -361,7 +383,8 @@ class Estimator:
                 after = self.collective_s("all_gather", "dp", dp_group, held * eb)
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     exposed = max(scatter, sync - m * period)
-                    slowed = (sync - exposed) * self.comm_slowdown / (1 + self.comm_slowdown)
+                    x = self.comm_slowdown_of("reduce_scatter", "dp", dp_group, layer_grads)
+                    slowed = (sync - exposed) * x / (1 + x)
                     dp_exposed = exposed + slowed + after
                 else:
                     dp_exposed = sync + after
@@ -376,7 +399,8 @@ class Estimator:
                     last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
                     hidden = max(0.0, min(sync - last_bucket, overlap))
                     # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
-                    slowed = hidden * self.comm_slowdown / (1 + self.comm_slowdown)
+                    x = self.comm_slowdown_of(op, "dp", dp_group, min(grads, self._bucket_bytes(dp)))
+                    slowed = hidden * x / (1 + x)
                     dp_exposed = sync - hidden + slowed + after
                 else:
                     dp_exposed = sync + after

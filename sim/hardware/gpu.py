@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sim.hardware.nccl import CommCTAs
 from sim.units import GB, TFLOPS, US
 
 
@@ -27,9 +28,20 @@ class GPUSpec(BaseModel):
     memory_efficiency: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     kernel_launch_us: float = Field(4.0, ge=0, description="fixed per-kernel overhead, µs")
     comm_sms: int = Field(
-        16, ge=0, description="SMs NCCL kernels occupy while a collective runs (one CTA per channel; "
-        "NCCL uses up to 16 channels on InfiniBand rings by default, NCCL_MAX_NCHANNELS): compute that "
-        "overlaps communication runs on the rest")
+        16, ge=0, description="SMs (one NCCL CTA per channel) a collective's kernel holds while a ring runs "
+        "through the NICs with several GPUs per node — 16 on DGX A100/H100 (NCCL 2.16-2.21: 8 rings, "
+        "doubled when connected; NVIDIA/nccl-tests#319 logs '16 coll channels' on two HGX H100) — and in "
+        "any case below without a figure: compute that overlaps communication runs on the rest")
+    nccl_ctas_nvlink: int | None = Field(
+        None, ge=0, description="the same for a collective inside one NVSwitch node (A100: 6 rings at "
+        "40 GB/s over 12 links, doubled twice: 24, NVIDIA/nccl-tests#100 logs 'Channel 23/24' on HGX "
+        "A100; H100/H200 (NCCL >= 2.16): 24, an AWS p5 log shows '24 coll channels')")
+    nccl_ctas_nvls: int | None = Field(
+        None, ge=0, description="the same for NVLink SHARP (NCCL_NVLS_NCHANNELS, default 16 since NCCL "
+        "2.17, transport/nvls.cc)")
+    nccl_ctas_one_per_node: int | None = Field(
+        None, ge=0, description="the same for a ring with one rank per node (one ring NIC to NIC, "
+        "doubled when connected: 2 on A100; 4 on H100/H200 where the search also duplicates it)")
     nvlink: str | None = Field(None, description="default intra-node link preset")
     price_per_gpu_hour: float = Field(2.0, ge=0, description="USD per GPU-hour (editable)")
     power_W: float = Field(400.0, ge=0, description="board power under load, W")
@@ -54,11 +66,18 @@ class GPUSpec(BaseModel):
     def kernel_launch_s(self) -> float:
         return self.kernel_launch_us * US
 
+    def nccl_ctas(self) -> CommCTAs:
+        """The SMs a collective's NCCL kernel holds here, by where its ranks are (sim.hardware.nccl)."""
+        return CommCTAs(self.sm_count, self.comm_sms, self.nccl_ctas_nvlink, self.nccl_ctas_nvls,
+                        self.nccl_ctas_one_per_node)
+
     @property
     def comm_compute_slowdown(self) -> float:
-        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms).
+        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms) (the
+        simulation prices each collective by ``nccl_ctas``; this is the figure for a ring through the NICs).
 
-        Cross-check: 16/(108 − 16) = 17 % on an A100 and 14 % on an H100 (132 SMs), beside the 18.9 % average
+        Cross-check: 16/(108 − 16) = 17 % on an A100 and 14 % on an H100 (132 SMs); inside a node 24 CTAs make
+        it 29 % and 22 %; beside the 18.9 % average
         compute slowdown under overlapped communication that Lee et al. measured on A100/H100 training runs
         ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
         arXiv:2507.03114, 2025; maximum 40 %)."""
@@ -93,6 +112,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             nvlink="nvlink3",
             price_per_gpu_hour=1.80,
             power_W=400,
+            nccl_ctas_nvlink=24, nccl_ctas_one_per_node=2,
         ),
         GPUSpec(
             name="A100-80GB",
@@ -106,6 +126,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             nvlink="nvlink3",
             price_per_gpu_hour=2.20,
             power_W=400,
+            nccl_ctas_nvlink=24, nccl_ctas_one_per_node=2,
         ),
         GPUSpec(
             name="H100-SXM",
@@ -119,6 +140,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             nvlink="nvlink4",
             price_per_gpu_hour=3.00,
             power_W=700,
+            nccl_ctas_nvlink=24, nccl_ctas_nvls=16, nccl_ctas_one_per_node=4,
         ),
         GPUSpec(
             name="H200",
@@ -132,6 +154,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             nvlink="nvlink4",
             price_per_gpu_hour=3.80,
             power_W=700,
+            nccl_ctas_nvlink=24, nccl_ctas_nvls=16, nccl_ctas_one_per_node=4,
         ),
         GPUSpec(
             name="B200",
@@ -145,6 +168,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             nvlink="nvlink5",
             price_per_gpu_hour=5.50,
             power_W=1000,
+            nccl_ctas_nvlink=32, nccl_ctas_nvls=24,  # NCCL >= 2.25: 8 rings at 90 GB/s doubled twice; NVLS_NCHANNELS_SM100_NVL
         ),
     ]
 }

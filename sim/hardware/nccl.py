@@ -15,6 +15,8 @@ Protocols (NCCL's three):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sim.units import US, KiB
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -60,3 +62,42 @@ def base_latency_s(algorithm: str, protocol: str) -> float:
 def chunks_for(size_bytes: float) -> int:
     """Pipeline chunks NCCL would cut a buffer of ``size_bytes`` into (capped, at least 1)."""
     return max(1, min(MAX_CHUNKS, int(-(-size_bytes // CHUNK_BYTES))))
+
+
+# ---- SMs a collective's kernel holds ------------------------------------------------------------------
+# NCCL launches one CTA per channel, each on its own SM for the kernel's whole run; a large collective
+# (past ~1 MB: enqueue.cc lowers the count only while nBytes < nChannels·threads·threshold) uses every
+# channel of its communicator. The count comes from the topology search (src/graph/search.cc), doubled
+# there when the speed found is high (``ncclTopoDupChannels``) and doubled again when the rings are
+# connected (src/graph/connect.cc: ``nChannels = std::min(MAXCHANNELS, nChannels*2)``). Per-GPU figures
+# (GPUSpec.nccl_ctas_*) are what that gives on DGX-class boxes, with public logs beside them; a pipeline
+# send to another node uses NCCL_NCHANNELS_PER_NET_PEER channels (default 2, NCCL environment docs).
+NET_P2P_CTAS = 2
+
+
+@dataclass(frozen=True)
+class CommCTAs:
+    """How many SMs one collective's NCCL kernel holds on a GPU, by where its ranks are."""
+
+    sm_count: int
+    net: int  # a ring through the NICs with several GPUs per node (and any case without a figure)
+    nvlink: int | None = None  # every rank in one NVSwitch node
+    nvls: int | None = None  # NVLink SHARP (NVLS) inside a node
+    one_per_node: int | None = None  # one rank per node: a single ring, NIC to NIC
+
+    def of(self, nodes: int, per_node: int, algorithm: str) -> int:
+        """CTAs of a collective over ``nodes`` nodes with at most ``per_node`` ranks on one, run as
+        ``algorithm`` ("direct" for point-to-point and all-to-all)."""
+        if algorithm == "direct":
+            return NET_P2P_CTAS if nodes > 1 and per_node == 1 else self.net
+        if nodes == 1:
+            if algorithm == "nvls" and self.nvls is not None:
+                return self.nvls
+            return self.nvlink if self.nvlink is not None else self.net
+        if per_node == 1 and self.one_per_node is not None:
+            return self.one_per_node
+        return self.net
+
+    def share(self, nodes: int, per_node: int, algorithm: str) -> float:
+        """The share of the GPU's SMs that kernel holds."""
+        return min(self.of(nodes, per_node, algorithm), self.sm_count - 1) / self.sm_count

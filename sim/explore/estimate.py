@@ -190,18 +190,28 @@ class Estimator:
         """The tuner's predicted time of ``op`` on the group ``ranks`` (global GPU ids), launch included."""
         if len(ranks) <= 1 or n_bytes <= 0:
             return 0.0
+        return self._priced_collective(op, kind, ranks, n_bytes)[0]
+
+    def comm_slowdown_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
+        """x such that compute beside this collective runs 1/(1 + x) as fast: its NCCL kernel's CTAs by
+        where the group's ranks are and the algorithm it runs (as the simulation's executor prices it)."""
+        if len(ranks) <= 1 or n_bytes <= 0:
+            return 0.0
+        _, a, shape = self._priced_collective(op, kind, ranks, n_bytes)
+        share = self.nccl.share(shape.nodes, shape.per_node, a)
+        return share / (1.0 - share)
+
+    def _priced_collective(self, op: str, kind: str, ranks: list[int], n_bytes: float):
+        """(time, algorithm, group shape) of the tuner's fastest closed-form prediction for the group, its
+        rank pattern moved to the first nodes."""
         per = self.gpus_per_node
         nodes = sorted({r // per for r in ranks})
         where = {n: i for i, n in enumerate(nodes)}
         local = [where[r // per] * per + r % per for r in ranks]
-        return self._priced_collective(op, kind, local, len(nodes), n_bytes)[0]
-
-    def _priced_collective(self, op: str, kind: str, local: list[int], nodes: int, n_bytes: float):
-        """(time, algorithm, group shape) of the tuner's fastest closed-form prediction for the group."""
         key = (op, kind, n_bytes, tuple(local))
         hit = self._priced.get(key)
         if hit is None:
-            topo = self._topology(nodes)
+            topo = self._topology(len(nodes))
             shape = alg.group_shape(topo, local)
             # The tuner's closed-form predictions, fastest first (``choose`` without its refinement, which
             # times near-tied candidates by simulating them: ~70 % of a 175B screen's time for < 30 %).
@@ -212,19 +222,6 @@ class Estimator:
             )
             hit = self._priced[key] = (t, a, shape)
         return hit
-
-    def comm_slowdown_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
-        """x such that compute beside this collective runs 1/(1 + x) as fast: its NCCL kernel's CTAs by
-        where the group's ranks are and the algorithm it runs (as the simulation's executor prices it)."""
-        if len(ranks) <= 1 or n_bytes <= 0:
-            return 0.0
-        per = self.gpus_per_node
-        nodes = sorted({r // per for r in ranks})
-        where = {n: i for i, n in enumerate(nodes)}
-        local = [where[r // per] * per + r % per for r in ranks]
-        _, a, shape = self._priced_collective(op, kind, local, len(nodes), n_bytes)
-        share = self.nccl.share(shape.nodes, shape.per_node, a)
-        return share / (1.0 - share)
 
     def _tp_group(self, t: int) -> list[int]:
         return list(range(t))

@@ -338,7 +338,6 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     job.blocking_p2p = ks.blocking_p2p
     job.grad_all_reduce = sw.zero1_all_reduces_grads(ks, tr.precision)
     job.gather_bytes = gather
-    job.comm_slowdown = scenario.gpu.comm_compute_slowdown
     job.nccl = scenario.gpu.nccl_ctas()
     # T₁: the same global batch on one GPU, built by the same code (embedding, head, accumulation, step).
     one = job if par.world_size == 1 else _transformer(_on_one_gpu(scenario), cost)[0]

@@ -248,18 +248,17 @@ def test_zero3_buffers_hold_two_gathered_layers_not_the_whole_group():
     """FSDP/ZeRO-3 gathers one layer at a time (and prefetches the next): the buffer is two whole layers
     of 16-bit weights, 2 x 12h^2 x 2 bytes for a bias-free GPT layer, however many GPUs share the shards.
     MPT-7B (h 4096) on 8 GPUs: 2 x 12 x 4096^2 x 2 = 0.805 GB. Before the fix it was 8x that, and the
-    published llm-foundry runs of MPT-7B and MPT-30B (which ran on 80 GB A100s) were reported not to fit."""
-    from sim.api import simulate
+    published llm-foundry runs of MPT-7B and MPT-30B (which ran on 80 GB A100s) were reported not to fit
+    (tests/test_published.py checks every published run fits)."""
+    from sim.build import build_job, cost_model_for
     from sim.scenario.load import load_scenario
 
     h = 4096
     for data in (8, 4):
         sc = load_scenario("scenarios/published/mpt-7b-8xa100-llmfoundry.yaml",
                            [f"parallel.data={data}", f"cluster.gpus_per_node={data}", f"training.global_batch={12 * data}"])
-        buffers = simulate(sc).summary["memory_by_stage"][0]["buffers"]
-        assert buffers == pytest.approx(2 * 12 * h * h * 2, rel=1e-3)
-    for case in ("mpt-7b-8xa100-llmfoundry", "mpt-30b-8xa100-llmfoundry"):
-        assert simulate(load_scenario(f"scenarios/published/{case}.yaml")).summary["fits_in_memory"], case
+        _, info = build_job(sc, cost_model_for(sc))
+        assert info.memory_by_stage[0]["buffers"] == pytest.approx(2 * 12 * h * h * 2, rel=1e-3)
 
 
 def test_fsdp_keeps_one_fp32_copy_of_the_weights():

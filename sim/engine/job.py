@@ -84,10 +84,10 @@ class TrainingJob:
     blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed pipe + bf16)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
-    comm_slowdown: float = 0.0  # compute runs 1/(1+x) slower while one overlapped collective is active
-    # The SMs (NCCL CTAs) a collective's kernel holds, by where its ranks are (sim.hardware.nccl); None:
-    # every overlapped collective holds the comm_slowdown share.
+    # The SMs (NCCL CTAs) a collective's kernel holds, by where its ranks are (sim.hardware.nccl; what
+    # sim.build sets); without it every overlapped collective slows compute 1/(1 + comm_slowdown).
     nccl: CommCTAs | None = None
+    comm_slowdown: float = 0.0
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
     cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
 

@@ -71,18 +71,6 @@ class GPUSpec(BaseModel):
         return CommCTAs(self.sm_count, self.comm_sms, self.nccl_ctas_nvlink, self.nccl_ctas_nvls,
                         self.nccl_ctas_one_per_node)
 
-    @property
-    def comm_compute_slowdown(self) -> float:
-        """Extra compute time while an overlapped collective holds ``comm_sms`` SMs: sms/(SMs − sms) (the
-        simulation prices each collective by ``nccl_ctas``; this is the figure for a ring through the NICs).
-
-        Cross-check: 16/(108 − 16) = 17 % on an A100 and 14 % on an H100 (132 SMs); inside a node 24 CTAs make
-        it 29 % and 22 %; beside the 18.9 % average
-        compute slowdown under overlapped communication that Lee et al. measured on A100/H100 training runs
-        ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
-        arXiv:2507.03114, 2025; maximum 40 %)."""
-        return self.comm_sms / max(1, self.sm_count - self.comm_sms)
-
 
 GPU_PRESETS: dict[str, GPUSpec] = {
     g.name: g

@@ -29,6 +29,7 @@ from sim.summary import Summary
 if TYPE_CHECKING:
     from sim.cost.base import CostModel
     from sim.hardware.topology import Topology
+    from sim.outputs.run_files import ChartWorker
 
 SYMMETRY_AUTO_MIN_GPUS = 16  # below this, auto simulates every GPU (cheap, and every row in the charts)
 
@@ -245,14 +246,14 @@ def _with_cost(summary: Summary, scenario: Scenario) -> Summary:
 
 
 def write_results(result: RunResult, out_dir: Path, charts: bool = True, trace: bool = True,
-                  trace_gz: bool = False) -> list[Path]:
+                  trace_gz: bool = False, worker: ChartWorker | None = None) -> list[Path]:
     """Write the result folder: summary.json, timeline.csv, trace.json (or trace.json.gz), resolved.yaml
-    (+ charts); see ``sim.outputs.run_files``."""
+    (+ charts, drawn by ``worker`` when one was started: ``sim.outputs.run_files.ChartWorker``)."""
     from sim.outputs.run_files import (
         write_run_files,  # lazy: charts pull in matplotlib, simulate() never does
     )
 
-    return write_run_files(result, out_dir, charts=charts, trace=trace, trace_gz=trace_gz)
+    return write_run_files(result, out_dir, charts=charts, trace=trace, trace_gz=trace_gz, worker=worker)
 
 
 def bubble_sweep(scenario: Scenario, microbatches: list[int]) -> list[tuple[int, float]]:

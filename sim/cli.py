@@ -99,6 +99,11 @@ def summary_table(s: Summary) -> str:
     return "\n".join(f"{k:<22} {v}" for k, v in rows)
 
 
+# Estimated events (sim.budget) from which `run` starts a chart worker before simulating: the 16-GPU 1.3B
+# README scenario (~3e5) takes a second or more; the seed scenarios (~10³) draw faster than a fork pays.
+CHART_WORKER_EVENTS = 50_000
+
+
 def _default_out(name: str) -> Path:
     return Path("results") / name
 
@@ -113,18 +118,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     sc = load_scenario(args.scenario, args.set or [])
     out = Path(args.out) if args.out else _default_out(sc.name)
     est = check_budget(sc, args.max_events)
-    with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
-        result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
-        write_results(result, staging, charts=not args.no_charts, trace=not args.no_trace,
-                      trace_gz=args.trace_gz)
-        if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
-            from sim.api import bubble_sweep
-            from sim.outputs.bubble import plot_bubble_vs_microbatches
+    # Charts of a run that takes a while: a worker imports matplotlib on another core while this one
+    # simulates (sim.outputs.run_files.ChartWorker).
+    worker = None
+    if not args.no_charts and est.events >= CHART_WORKER_EVENTS:
+        from sim.outputs.run_files import ChartWorker
 
-            p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
-            ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
-            plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
-        write_report(staging, out)
+        worker = ChartWorker.start()
+    try:
+        with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
+            result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
+            write_results(result, staging, charts=not args.no_charts, trace=not args.no_trace,
+                          trace_gz=args.trace_gz, worker=worker)
+            if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
+                from sim.api import bubble_sweep
+                from sim.outputs.bubble import plot_bubble_vs_microbatches
+
+                p, v = sc.parallel.pipeline, sc.parallel.virtual_stages
+                ms = sorted({p * k for k in (1, 2, 4, 8)} | {sc.microbatches} | ({1, 2} if v == 1 else set()))
+                plot_bubble_vs_microbatches(bubble_sweep(sc, ms), p, staging / "bubble_vs_m", virtual_stages=v)
+            write_report(staging, out)
+    finally:
+        if worker is not None:
+            worker.close()
     cal = result.summary.calibration or {}
     if cal.get("extrapolated_ops"):
         print(f"dtsim: note: {cal['extrapolated_ops']} op(s) lie outside the shapes the profile measured and are "

@@ -174,6 +174,62 @@ def test_outputs_written_by_two_processes_equal_those_written_by_one(tmp_path, m
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
+@pytest.mark.parametrize("fail", [None, "before", "while drawing"])
+def test_chart_worker_writes_the_charts_one_process_writes(tmp_path, monkeypatch, fail):
+    """Charts drawn by the worker (from the span table sent to it) are the bytes this process draws from the
+    timeline itself; a worker that died, before the job or while drawing, leaves the charts to this process,
+    with the same files."""
+    import signal
+
+    from sim.api import simulate, write_results
+    from sim.outputs import charts, run_files
+
+    parent = os.getpid()
+    real = charts.draw_all
+
+    def draw_all(*a, **k):
+        if os.getpid() != parent:
+            raise RuntimeError("worker fails")
+        return real(*a, **k)
+
+    if fail == "while drawing":
+        monkeypatch.setattr(charts, "draw_all", draw_all)  # before the fork: the worker inherits it
+    worker = run_files.ChartWorker.start()
+    if worker is None:
+        pytest.skip("needs fork and two cores")
+    result = simulate(load_scenario(ROOT / "scenarios" / "seed-pipeline.yaml"))
+    one = write_results(result, tmp_path / "one")
+    if fail == "before":
+        os.kill(worker._proc.pid, signal.SIGKILL)
+        worker._proc.join()
+    two = write_results(result, tmp_path / "two", worker=worker)
+    assert not worker._proc.is_alive()
+    assert worker._done == (fail is None)
+    assert [p.name for p in two] == [p.name for p in one]
+    assert {"gantt.png", "gantt.svg", "pipeline.png", "memory.svg"} <= {p.name for p in two}
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_run_with_chart_worker_matches_plot(tmp_path, capsys, monkeypatch):
+    """`dtsim run` with its chart worker (forced on a small scenario) writes the charts `dtsim plot` redraws."""
+    from sim import cli
+    from sim.outputs import run_files
+
+    monkeypatch.setattr(cli, "CHART_WORKER_EVENTS", 0)
+    used = []
+    real = run_files._write_with_worker
+    monkeypatch.setattr(run_files, "_write_with_worker", lambda *a: used.append(a[-1]) or real(*a))
+    out = tmp_path / "r"
+    assert main(["run", "scenarios/seed-pipeline-s6-m18.yaml", "--out", str(out)]) == 0
+    if run_files._fork_context() is not None:
+        assert len(used) == 1 and used[0]._done  # the worker drew them
+    redraw = tmp_path / "redraw"
+    assert main(["plot", str(out), "--out", str(redraw)]) == 0
+    for f in ("gantt.png", "gantt.svg", "pipeline.png", "memory.png"):
+        assert (redraw / f).read_bytes() == (out / f).read_bytes(), f
+
+
 def test_run_without_charts_never_imports_matplotlib(tmp_path):
     """`--no-charts` skips matplotlib's import (about half a second of every bare run), in a fresh process."""
     code = ("import sys; from sim.cli import main; "

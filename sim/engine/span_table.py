@@ -9,11 +9,12 @@ chunk); everything after that is vectorised.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engine.timeline import Timeline
+from sim.engine.timeline import Span, Timeline
 
 NO_MICROBATCH = -1
 
@@ -80,3 +81,42 @@ def span_table(timeline: Timeline) -> SpanTable:
         del _CACHE[k]
     _CACHE[key] = (weakref.ref(timeline), len(timeline.spans), table)
     return table
+
+
+class TableSpans(Sequence):
+    """Spans rebuilt from a table on demand (``Span`` objects with the table's fields, no name, and
+    ``microbatch``/``chunk`` args): what the charts read of a span, for a timeline that crossed a process
+    boundary as its table (pickling 10⁵ spans costs seconds, the table milliseconds)."""
+
+    def __init__(self, table: SpanTable):
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        t = self._table
+        args: dict = {"chunk": int(t.chunk[k])}
+        if t.microbatch[k] != NO_MICROBATCH:
+            args["microbatch"] = int(t.microbatch[k])
+        return Span(int(t.gpu[k]), t.streams[t.stream[k]], "", t.categories[t.category[k]],
+                    float(t.start_s[k]), float(t.dur_s[k]), args)
+
+
+def table_timeline(timeline: Timeline) -> Timeline:
+    """A copy of ``timeline`` whose spans are its table (``TableSpans``) and no counters: cheap to send to
+    another process, and ``span_table`` of the copy, there, is that table."""
+    table = span_table(timeline)
+    light = Timeline(spans=TableSpans(table), counters=[], gpus=list(timeline.gpus),  # type: ignore[arg-type]
+                     represents=dict(timeline.represents), labels=dict(timeline.labels),
+                     stage_of=dict(timeline.stage_of), end_s=timeline.end_s)
+    return light
+
+
+def adopt_table(timeline: Timeline) -> None:
+    """After unpickling a ``table_timeline``: register its table as its span table (no rebuild)."""
+    spans = timeline.spans
+    if isinstance(spans, TableSpans):
+        _CACHE[id(timeline)] = (weakref.ref(timeline), len(spans), spans._table)

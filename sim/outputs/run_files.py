@@ -1,10 +1,15 @@
 """Write a run's result folder: summary.json, timeline.csv, trace.json[.gz], resolved.yaml and charts.
 
-For large timelines the two big text files are written by a forked child while this process draws the
-charts (they share nothing but the timeline, which the fork copies for free), so on a machine with two
-cores the outputs cost about what the slower half does. When the text files are the heavier half the child
-is forked before matplotlib is even imported (its import is then part of this process's half), and this
-process draws every chart; when they are light the child draws the charts other than the Gantt as well.
+On a machine with two cores the outputs cost about what the slower of two halves does:
+- ``ChartWorker``: ``dtsim run`` forks a process before it simulates; it imports matplotlib (most of a
+  second) on the second core while the first simulates, then draws every chart from the timeline's span
+  table (sent in milliseconds: pickling 10⁵ spans would take seconds) while this process writes the text
+  files.
+- Without a worker, for large timelines the two big text files are written by a child forked after the
+  simulation while this process draws the charts (they share nothing but the timeline, which the fork
+  copies for free). When the text files are the heavier half the child is forked before matplotlib is even
+  imported (its import is then part of this process's half), and this process draws every chart; when they
+  are light the child draws the charts other than the Gantt as well.
 Progress goes to stderr when writing takes more than a couple of seconds (tqdm, on a terminal only).
 """
 
@@ -13,12 +18,15 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from tqdm import tqdm
 
-from sim.engine.span_table import span_table
+from sim.engine.span_table import adopt_table, span_table, table_timeline
 from sim.outputs.timeline_meta import FILE as TIMELINE_META
 from sim.outputs.timeline_meta import timeline_meta_json
 from sim.outputs.writers import (
@@ -84,9 +92,97 @@ def _fork_context():
     return multiprocessing.get_context("fork")
 
 
+class ChartWorker:
+    """A forked process that imports matplotlib now (while this process simulates, on the other core) and
+    later draws every chart of the run it is sent (``draw``), replying with the paths it wrote.
+
+    Any failure there is reported by its exit status only (``paths`` returns None) and the caller draws
+    the charts itself, so errors surface in this process, as one line. It ignores Ctrl-C (this process
+    handles it and ``close`` stops the worker)."""
+
+    def __init__(self, ctx) -> None:
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_chart_worker, args=(theirs, self._conn), daemon=True)
+        self._proc.start()
+        theirs.close()
+        self._sent = False
+        self._done = False  # its reply arrived
+        self._sender: threading.Thread | None = None
+
+    @classmethod
+    def start(cls) -> ChartWorker | None:
+        """A worker where a second core and fork exist, else None (the charts are drawn in turn)."""
+        ctx = _fork_context()
+        return cls(ctx) if ctx is not None else None
+
+    def draw(self, timeline, summary: dict, out_dir: Path) -> bool:
+        """Send the charts of a run; False (nothing sent) when the timeline cannot travel as its table."""
+        if self._sent or not self._proc.is_alive():
+            return False
+        if not timeline.gpus or any(g not in timeline.stage_of for g in timeline.gpus):
+            return False  # the charts would read stages from the spans' args, which the table lacks
+        payload = pickle.dumps((table_timeline(timeline), summary, str(out_dir)), protocol=pickle.HIGHEST_PROTOCOL)
+        # Sent from a thread: the pipe holds 64 KB, so a worker still importing would block this process
+        # until it reads; the thread waits in the write, without the GIL.
+        self._sender = threading.Thread(target=self._send, args=(payload,), daemon=True)
+        self._sender.start()
+        self._sent = True
+        return True
+
+    def _send(self, payload: bytes) -> None:
+        try:
+            self._conn.send_bytes(payload)
+        except (OSError, EOFError, ValueError):  # the worker died (paths() then sees no reply)
+            pass
+
+    def paths(self) -> list[Path] | None:
+        """Wait for the charts sent; their paths, or None when the worker failed."""
+        drawn = None
+        try:
+            if self._sender is not None:
+                self._sender.join()
+            if self._sent and self._conn.poll(None):
+                drawn = self._conn.recv()
+                self._done = True
+        except (EOFError, OSError):  # the worker ended without replying: it failed
+            drawn = None
+        finally:
+            self.close()
+        return [Path(p) for p in drawn] if isinstance(drawn, list) else None
+
+    def close(self) -> None:
+        """Stop the worker (if still running) and reap it."""
+        self._conn.close()
+        if not self._done and self._proc.is_alive():
+            self._proc.terminate()  # nothing (more) to draw for us: an interrupt or a failure here
+        self._proc.join()
+
+
+def _chart_worker(conn, parents_end) -> None:
+    parents_end.close()  # so that the parent's exit, however it ends, reads here as end of file
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C, then closes the pipe
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.freeze()  # the parent's heap, copied on write: never walk it
+    try:
+        from sim.outputs.charts import draw_all  # the point of this process: matplotlib, imported early
+
+        job = conn.recv()
+    except (EOFError, OSError):  # the parent finished (or failed) without charts for us
+        os._exit(0)
+    try:
+        timeline, summary, out_dir = job
+        adopt_table(timeline)
+        drawn = draw_all(timeline, summary, Path(out_dir))
+        conn.send([str(p) for p in drawn])
+    except BaseException:  # noqa: BLE001 - the parent draws the charts itself and reports the error
+        os._exit(1)
+    os._exit(0)
+
+
 def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = True,
-                    trace_gz: bool = False) -> list[Path]:
-    """Write the files of ``result`` into ``out_dir`` (each atomically); returns their paths.
+                    trace_gz: bool = False, worker: ChartWorker | None = None) -> list[Path]:
+    """Write the files of ``result`` into ``out_dir`` (each atomically); returns their paths. ``worker``
+    (started before the simulation) draws the charts, if given and ``charts``; it is closed either way.
 
     The objects that exist now (the timeline: 10⁵–10⁶ spans) are frozen out of the garbage collector
     meanwhile: every full collection would walk them all again (a second per few collections on a large
@@ -94,9 +190,45 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
     gc.collect()
     gc.freeze()
     try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        if worker is not None and charts and worker.draw(result.timeline, result.summary, out_dir):
+            return _write_with_worker(result, Path(out_dir), trace, trace_gz, worker)
         return _write_run_files(result, out_dir, charts, trace, trace_gz)
     finally:
         gc.unfreeze()
+        if worker is not None:
+            worker.close()
+
+
+def _small_files(result, out_dir: Path) -> list[Path]:
+    paths = []
+    for name, text in (("summary.json", summary_json(result.summary)), ("resolved.yaml", dump_resolved(result.scenario)),
+                       (TIMELINE_META, timeline_meta_json(result.timeline))):
+        atomic_write_text(out_dir / name, text)
+        paths.append(out_dir / name)
+    return paths
+
+
+def _write_with_worker(result, out_dir: Path, trace: bool, trace_gz: bool, worker: ChartWorker) -> list[Path]:
+    """The worker draws the charts (already sent) while this process writes the other files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = out_dir / trace_name(not trace_gz)
+    if trace and stale.is_file():
+        stale.unlink()
+    meta = {"scenario": result.summary.get("name")}
+    bar = tqdm(total=2, desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
+               disable=None, leave=False)
+    with bar:
+        paths = _small_files(result, out_dir)
+        big = _write_big_files(result.timeline, out_dir, meta, trace, trace_gz)
+        bar.update()
+        charts = worker.paths()
+        if charts is None:  # the worker failed: draw here, where an error is reported the usual way
+            from sim.outputs.charts import draw_all
+
+            charts = draw_all(result.timeline, result.summary, out_dir)
+        bar.update()
+    return paths[:1] + big + paths[1:] + charts
 
 
 def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz: bool) -> list[Path]:
@@ -107,11 +239,7 @@ def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz:
     stale = out_dir / trace_name(not trace_gz)
     if trace and stale.is_file():
         stale.unlink()  # our own trace of an earlier run, in the other format: it would describe another run
-    paths = []
-    for name, text in (("summary.json", summary_json(result.summary)), ("resolved.yaml", dump_resolved(result.scenario)),
-                       (TIMELINE_META, timeline_meta_json(timeline))):
-        atomic_write_text(out_dir / name, text)
-        paths.append(out_dir / name)
+    paths = _small_files(result, out_dir)
     big = [out_dir / "timeline.csv"] + ([out_dir / trace_name(trace_gz)] if trace else [])
     steps = ["timeline.csv + trace"] + (["charts"] if charts else [])
     bar = tqdm(total=len(steps), desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,

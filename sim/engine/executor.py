@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import simpy
 
 from sim.engine import collective_algorithms as coll
-from sim.engine.algorithms import CommConfig, choose, group_shape
+from sim.engine.algorithms import Choice, CommConfig, choose, group_shape
 from sim.engine.collective_algorithms import COLLECTIVE_ALGORITHMS
 from sim.engine.job import Block, TrainingJob
 from sim.engine.symmetry import KINDS, Symmetry
@@ -61,6 +62,21 @@ STREAM_DP = "dp"
 
 _BLOCK_COMM_CATEGORY = {"ep": COMM_EP, "cp": COMM_CP}  # span category of a block's collective by group; else TP
 
+
+class _Plan(NamedTuple):
+    """What ``TrainingExecutor._collective`` needs of one (GPU, group kind, op, size), worked out once."""
+
+    group: list[int]  # empty: nobody to talk to, or nothing to send
+    choice: Choice | None
+    servers: list[int]
+    members: list[int]
+    ranks_by_node: list[list[int]]
+    counted: int | None  # groups this call stands for in the summary's algorithm tally (None: not g's to count)
+    cache_key: tuple | None  # key of its reusable duration (symmetric runs, cacheable kinds)
+
+
+_NO_PEERS = _Plan([], None, [], [], [], None, None)
+
 class TrainingExecutor:
     def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
                  variability: Variability | None = None):
@@ -91,6 +107,7 @@ class TrainingExecutor:
         self._cache: dict[tuple, float] = {}
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
+        self._plans: dict[tuple, _Plan] = {}  # (g, kind, op, bytes) -> _plan(...)
         sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds())
         self._group = sym.group
         self._same_place = sym.same_place
@@ -110,6 +127,7 @@ class TrainingExecutor:
         # The compute keeps at least one SM.
         self._max_share = 1.0 - 1.0 / job.nccl.sm_count if job.nccl is not None and job.nccl.sm_count > 1 else 0.99
         self._shares: dict[tuple, float] = {}
+        self._shares_by_gpu: dict[tuple, float] = {}
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -154,23 +172,22 @@ class TrainingExecutor:
     def _collective(self, g: int, kind: str, op: str, size_bytes: float):
         """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done,
         with the label of the algorithm (and protocol) the tuner or the scenario chose."""
-        group = self._group(g, kind)
-        p = len(group)
-        if p == 1 or size_bytes <= 0:
+        plan = self._plans.get((g, kind, op, size_bytes))
+        if plan is None:
+            plan = self._plans[(g, kind, op, size_bytes)] = self._plan(g, kind, op, size_bytes)
+        group, choice, servers, members, rbn, counted, cache_key = plan
+        if not group or choice is None:
             return None
         world = self.world
         cfg = self.comm
-        choice = choose(op, kind, size_bytes, world.topology, group, cfg, self._choices)
+        p = len(group)
         alg = choice.algorithm
-        servers = list(cfg.server_gpus) if alg == "ps" and cfg.server_gpus else []
-        members = group + servers
-        rbn = self._ranks_by_node(group)
         factory = lambda: coll.build(op, alg, p, size_bytes, ranks_by_node=rbn,  # noqa: E731
                                      servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps,
                                      dedicated=bool(servers))
         proto, launch = choice.protocol, choice.launch_s
         if not self.symmetric:
-            if g == group[0]:
+            if counted is not None:
                 world.count_algorithm(f"{kind}:{op}", choice.label)
             run = world.collective((kind, tuple(group), op), g, factory, members, None, proto, launch)
             for i in range(p, len(members)):
@@ -178,21 +195,16 @@ class TrainingExecutor:
                     run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
             return choice.label
-        # One representative per stage stands for every group of this kind at its stage (a model-parallel
-        # group spans the stages: counted once, by stage 0's representative).
-        if kind != "mp":
-            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // (self.job.pp * p))
-        elif self.layout.coords(g)[2] == 0:
-            world.count_algorithm(f"{kind}:{op}", choice.label, self.layout.world_size // p)
-        if kind in self._cacheable:
-            key = (kind, op, size_bytes, tuple(group))
-            dur = self._cache.get(key)
+        if counted is not None:
+            world.count_algorithm(f"{kind}:{op}", choice.label, counted)
+        if cache_key is not None:
+            dur = self._cache.get(cache_key)
             if dur is not None:
                 yield self.env.timeout(dur)
                 return choice.label
             t0 = self.env.now
             yield world.run_collective_alone(factory(), members, None, proto, launch).join_all()
-            self._cache[key] = self.env.now - t0
+            self._cache[cache_key] = self.env.now - t0
             return choice.label
         mine = world.run_collective_alone(factory(), members, None, proto, launch)
         if kind in KINDS:
@@ -200,6 +212,25 @@ class TrainingExecutor:
                 world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
         yield mine.join_all()
         return choice.label
+
+    def _plan(self, g: int, kind: str, op: str, size_bytes: float) -> _Plan:
+        """``_collective``'s plan for g's ``kind`` group: the tuner's choice and the rest (``_Plan``)."""
+        group = self._group(g, kind)
+        if len(group) == 1 or size_bytes <= 0:
+            return _NO_PEERS
+        cfg = self.comm
+        choice = choose(op, kind, size_bytes, self.world.topology, group, cfg, self._choices)
+        servers = list(cfg.server_gpus) if choice.algorithm == "ps" and cfg.server_gpus else []
+        if not self.symmetric:
+            counted: int | None = 1 if g == group[0] else None
+        elif kind != "mp":
+            # One representative per stage stands for every group of this kind at its stage (a model-
+            # parallel group spans the stages: counted once, by stage 0's representative).
+            counted = self.layout.world_size // (self.job.pp * len(group))
+        else:
+            counted = self.layout.world_size // len(group) if self.layout.coords(g)[2] == 0 else None
+        cache_key = (kind, op, size_bytes, tuple(group)) if self.symmetric and kind in self._cacheable else None
+        return _Plan(group, choice, servers, group + servers, self._ranks_by_node(group), counted, cache_key)
 
     def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
         return [list(r) for r in group_shape(self.world.topology, group).ranks_by_node]
@@ -300,6 +331,15 @@ class TrainingExecutor:
         if job.nccl is None:
             x = job.comm_slowdown
             return x / (1.0 + x) if x > 0 else 0.0
+        mine = self._shares_by_gpu.get((g, kind, op, size_bytes, peer))
+        if mine is None:
+            mine = self._shares_by_gpu[(g, kind, op, size_bytes, peer)] = self._share_of_group(
+                g, kind, op, size_bytes, peer)
+        return mine
+
+    def _share_of_group(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None) -> float:
+        job = self.job
+        assert job.nccl is not None
         group = [g, peer] if peer is not None else self._group(g, kind)
         shape = group_shape(self.world.topology, group)
         key = (kind, op, size_bytes, shape)
@@ -349,8 +389,16 @@ class TrainingExecutor:
         if not self._interferes:
             yield env.timeout(work_s)
             return
-        t0, l0 = env.now, self._lost(g)
-        remaining = work_s
+        t0 = env.now
+        if not self._comm_active.get(g, 0):  # the usual case: nothing in flight (then nothing is held)
+            l0 = self._lost_cum.get(g, 0.0)
+            yield env.timeout(work_s)
+            if not self._comm_active.get(g, 0) and self._lost_cum.get(g, 0.0) == l0:
+                return  # and nothing joined the wait
+            remaining = work_s - ((env.now - t0) - (self._lost(g) - l0))
+        else:
+            l0 = self._lost(g)
+            remaining = work_s
         # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
         while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
             held = min(self._held.get(g, 0.0), self._max_share)

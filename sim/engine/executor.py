@@ -179,6 +179,13 @@ class TrainingExecutor:
         if not group or choice is None:
             return None
         world = self.world
+        if cache_key is not None:  # symmetric, and a kind whose duration is reused
+            if counted is not None:
+                world.count_algorithm(f"{kind}:{op}", choice.label, counted)
+            dur = self._cache.get(cache_key)
+            if dur is not None:
+                yield self.env.timeout(dur)
+                return choice.label
         cfg = self.comm
         p = len(group)
         alg = choice.algorithm
@@ -186,6 +193,11 @@ class TrainingExecutor:
                                      servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps,
                                      dedicated=bool(servers))
         proto, launch = choice.protocol, choice.launch_s
+        if cache_key is not None:
+            t0 = self.env.now
+            yield world.run_collective_alone(factory(), members, None, proto, launch).join_all()
+            self._cache[cache_key] = self.env.now - t0
+            return choice.label
         if not self.symmetric:
             if counted is not None:
                 world.count_algorithm(f"{kind}:{op}", choice.label)
@@ -197,15 +209,6 @@ class TrainingExecutor:
             return choice.label
         if counted is not None:
             world.count_algorithm(f"{kind}:{op}", choice.label, counted)
-        if cache_key is not None:
-            dur = self._cache.get(cache_key)
-            if dur is not None:
-                yield self.env.timeout(dur)
-                return choice.label
-            t0 = self.env.now
-            yield world.run_collective_alone(factory(), members, None, proto, launch).join_all()
-            self._cache[cache_key] = self.env.now - t0
-            return choice.label
         mine = world.run_collective_alone(factory(), members, None, proto, launch)
         if kind in KINDS:
             for mg in self._mirror_groups(g, kind):
@@ -393,12 +396,16 @@ class TrainingExecutor:
         if not self._comm_active.get(g, 0):  # the usual case: nothing in flight (then nothing is held)
             l0 = self._lost_cum.get(g, 0.0)
             yield env.timeout(work_s)
-            if not self._comm_active.get(g, 0) and self._lost_cum.get(g, 0.0) == l0:
-                return  # and nothing joined the wait
-            remaining = work_s - ((env.now - t0) - (self._lost(g) - l0))
-        else:
-            l0 = self._lost(g)
-            remaining = work_s
+            if self._comm_active.get(g, 0) or self._lost_cum.get(g, 0.0) != l0:  # a collective joined the wait
+                yield from self._compute_rest(g, work_s, t0, l0)
+            return
+        yield from self._compute_rest(g, work_s, t0, self._lost(g), first=True)
+
+    def _compute_rest(self, g: int, work_s: float, t0: float, l0: float, first: bool = False):
+        """``_compute`` from its first wake-up on (``first``: from its start, with collectives in flight):
+        ``t0`` its start, ``l0`` the time lost on g up to then."""
+        env = self.env
+        remaining = work_s if first else work_s - ((env.now - t0) - (self._lost(g) - l0))
         # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
         while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
             held = min(self._held.get(g, 0.0), self._max_share)
@@ -416,6 +423,8 @@ class TrainingExecutor:
         step = args.get("step", 0)
         slow = self._slow(g, step)
         var = self._jitter
+        interferes, active, lost_cum = self._interferes, self._comm_active, self._lost_cum
+        add_span = world.timeline.spans.append
         for b in blocks:
             if b.comm == "ring@cp" and len(self._group(g, "cp")) > 1:  # context parallelism: ring attention
                 yield from self._ring(g, b, category, args, prefix)
@@ -435,7 +444,13 @@ class TrainingExecutor:
                 dur = b.dur_s if var is None else jittered if jittered is not None else var.block_time(
                     g, step, b.dur_s, bool(b.comm and "@" not in b.comm) and self.job.tp > 1)
                 work = dur * slow
-                yield from self._compute(g, work)
+                if interferes and active.get(g, 0):
+                    yield from self._compute(g, work)
+                else:  # _compute's usual case, inline (one generator less per block)
+                    l0 = lost_cum.get(g, 0.0)
+                    yield env.timeout(work)
+                    if interferes and (active.get(g, 0) or lost_cum.get(g, 0.0) != l0):
+                        yield from self._compute_rest(g, work, start, l0)
                 world.compute_events += 1
                 lost = env.now - start - work
                 if self._interferes and lost > 1e-9 * work:  # slowed by overlapped communication
@@ -443,8 +458,9 @@ class TrainingExecutor:
                                             start, work, args))
                     world.span(g, STREAM_COMPUTE, f"{prefix} {b.name} (slowed by comm)", INTERFERENCE,
                                start + work, args)
-                else:
-                    world.span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start, args)
+                else:  # world.span, inline (the hot path: one span per block)
+                    add_span(Span(g, STREAM_COMPUTE, f"{prefix} {b.name}", b.category or category, start,
+                                  env.now - start, args))
             if beside is not None:
                 yield beside
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
 
 import numpy as np
 
@@ -42,28 +43,29 @@ class SpanTable:
 
 
 def _codes(values: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
-    index: dict[str, int] = {}
-    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int32, count=len(values))
-    return codes, tuple(index)
+    """Codes of ``values`` into their distinct values, in order of first appearance (C-level passes only)."""
+    names = tuple(dict.fromkeys(values))
+    index = {v: i for i, v in enumerate(names)}
+    return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values)), names
 
 
 def build_table(timeline: Timeline) -> SpanTable:
-    """Columns of ``timeline.spans`` (one pass over the spans)."""
+    """Columns of ``timeline.spans`` (one pass per column, each through C-level iterators)."""
     spans = timeline.spans
     n = len(spans)
-    stream, streams = _codes([s.stream for s in spans])
-    category, categories = _codes([s.category for s in spans])
-    args = [s.args for s in spans]
+    stream, streams = _codes(list(map(attrgetter("stream"), spans)))
+    category, categories = _codes(list(map(attrgetter("category"), spans)))
+    args = list(map(attrgetter("args"), spans))
     return SpanTable(
-        gpu=np.fromiter((s.gpu for s in spans), dtype=np.int64, count=n),
+        gpu=np.fromiter(map(attrgetter("gpu"), spans), dtype=np.int64, count=n),
         stream=stream,
         streams=streams,
         category=category,
         categories=categories,
-        start_s=np.fromiter((s.start_s for s in spans), dtype=np.float64, count=n),
-        dur_s=np.fromiter((s.dur_s for s in spans), dtype=np.float64, count=n),
-        microbatch=np.fromiter((a.get("microbatch", NO_MICROBATCH) for a in args), dtype=np.int64, count=n),
-        chunk=np.fromiter((a.get("chunk", 0) for a in args), dtype=np.int64, count=n),
+        start_s=np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n),
+        dur_s=np.fromiter(map(attrgetter("dur_s"), spans), dtype=np.float64, count=n),
+        microbatch=np.fromiter(map(methodcaller("get", "microbatch", NO_MICROBATCH), args), dtype=np.int64, count=n),
+        chunk=np.fromiter(map(methodcaller("get", "chunk", 0), args), dtype=np.int64, count=n),
     )
 
 

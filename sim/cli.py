@@ -127,7 +127,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker = ChartWorker.start()
     try:
         with ResultDir(out, "run") as staging:  # checks --out and locks it before any simulation
-            result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
+            try:
+                result = simulate(sc, args.calibration, progress=est.events > PROGRESS_EVENTS)
+            except BaseException:
+                if worker is not None:  # stopped before the staging folder goes (write_results does likewise)
+                    worker.close()
+                raise
             write_results(result, staging, charts=not args.no_charts, trace=not args.no_trace,
                           trace_gz=args.trace_gz, worker=worker)
             if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:

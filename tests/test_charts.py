@@ -150,6 +150,22 @@ def test_gantt_figure_has_labels_microbatch_numbers_units_and_only_present_categ
     assert "4 GPUs" in fig.get_suptitle() and "step 350 ms" in fig.get_suptitle()
 
 
+def test_gantt_numbers_micro_batches_on_compute_rows_only() -> None:
+    """A communication row's spans of one micro-batch (the collectives of its backward) would merge into one
+    block as wide as the compute between them: only compute rows carry micro-batch numbers."""
+    t = gpipe_timeline()
+    p, m, tf, tb = 4, 8, 0.010, 0.020
+    for i in range(m):  # two collectives in each backward of the last stage, at its start and near its end
+        b_start = (m + p - 1) * tf + i * tb
+        for start in (b_start, b_start + 0.8 * tb):
+            t.add(Span(3, tl.STREAM_COMM, f"tp ar mb{i}", tl.COMM_TP, start, tb / 10, {"microbatch": i}))
+    fig = gantt_figure(t, SUMMARY)
+    rows, _ = gantt_rows(t)
+    texts = fig.axes[0].texts
+    assert len(texts) == 64  # 4 stages × 8 micro-batches × (F + B), as without the collectives
+    assert {rows[round(x.get_position()[1])].stream for x in texts} == {tl.STREAM_COMPUTE}
+
+
 def test_gantt_representative_mode_above_max_rows(tmp_path: Path) -> None:
     timeline = gpipe_timeline(p=8, m=4, dp=4, tp=4)  # 128 GPUs × 3 streams = 384 rows
     assert len(timeline.gpus) == 128

@@ -423,7 +423,12 @@ def gantt_figure(timeline: Timeline, summary: dict, max_rows: int = 64) -> Figur
     draw_table_rows(ax, timeline, table, row_of, dense, factor, pts_per_unit, chunked)
     block_fs = min(7.0, row_pts * 0.8 * 0.6)
     if block_fs >= MIN_LABEL_PT:
-        label_table_blocks(ax, table, merged_blocks(table, row_of), factor, pts_per_unit, block_fs, chunked)
+        # Numbers on the compute rows only: a communication row's spans of one micro-batch (its forward and
+        # backward collectives) would merge into one block spanning the compute between them.
+        blocks = merged_blocks(table, row_of)
+        on_compute = np.array([r.stream == STREAM_COMPUTE for r in rows] or [False], dtype=bool)
+        label_table_blocks(ax, table, blocks.select(on_compute[blocks.row]), factor, pts_per_unit, block_fs,
+                           chunked)
     dense.draw(ax)
     ax.set_ylim(max(n, 1) - 0.5, -0.5)
     ax.set_xlim(lo * factor, hi * factor)

@@ -452,3 +452,30 @@ def test_fast_trace_writer_matches_one_event_at_a_time(chunk: int, monkeypatch: 
     assert trace["otherData"] == {"scenario": "t"} and trace["displayTimeUnit"] == "ms"
     empty = json.loads(chrome_trace(Timeline()))
     assert empty["traceEvents"] == []
+
+
+def test_table_timeline_travels_as_its_span_table() -> None:
+    """What the chart worker is sent: the timeline as its span table (pickled in milliseconds), whose spans are
+    rebuilt on demand with the fields the charts read, and whose span table on arrival is the one sent."""
+    import pickle
+
+    import numpy as np
+
+    from sim.engine.span_table import NO_MICROBATCH, TableSpans, adopt_table, span_table, table_timeline
+
+    t = gpipe_timeline(tp=2)
+    light = pickle.loads(pickle.dumps(table_timeline(t)))
+    adopt_table(light)
+    assert isinstance(light.spans, TableSpans) and len(light.spans) == len(t.spans)
+    a, b = span_table(t), span_table(light)
+    for col in ("gpu", "stream", "category", "start_s", "dur_s", "microbatch", "chunk"):
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    assert (a.streams, a.categories) == (b.streams, b.categories)
+    for k in (0, 5, len(t.spans) - 1):
+        src, got = t.spans[k], light.spans[k]
+        assert (got.gpu, got.stream, got.category, got.start_s, got.dur_s) == (
+            src.gpu, src.stream, src.category, src.start_s, src.dur_s)
+        assert got.args.get("chunk", 0) == src.args.get("chunk", 0)
+        assert got.args.get("microbatch", NO_MICROBATCH) == src.args.get("microbatch", NO_MICROBATCH)
+    assert (light.gpus, light.labels, light.stage_of, light.end_s) == (t.gpus, t.labels, t.stage_of, t.end_s)
+

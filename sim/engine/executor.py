@@ -126,8 +126,7 @@ class TrainingExecutor:
         self._interferes = job.comm_slowdown > 0 or job.nccl is not None
         # The compute keeps at least one SM.
         self._max_share = 1.0 - 1.0 / job.nccl.sm_count if job.nccl is not None and job.nccl.sm_count > 1 else 0.99
-        self._shares: dict[tuple, float] = {}
-        self._shares_by_gpu: dict[tuple, float] = {}
+        self._shares: dict[tuple, float] = {}  # (g, kind, op, bytes, peer) -> _share_of(...)
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -179,9 +178,9 @@ class TrainingExecutor:
         if not group or choice is None:
             return None
         world = self.world
+        if counted is not None:
+            world.count_algorithm(f"{kind}:{op}", choice.label, counted)
         if cache_key is not None:  # symmetric, and a kind whose duration is reused
-            if counted is not None:
-                world.count_algorithm(f"{kind}:{op}", choice.label, counted)
             dur = self._cache.get(cache_key)
             if dur is not None:
                 yield self.env.timeout(dur)
@@ -199,16 +198,12 @@ class TrainingExecutor:
             self._cache[cache_key] = self.env.now - t0
             return choice.label
         if not self.symmetric:
-            if counted is not None:
-                world.count_algorithm(f"{kind}:{op}", choice.label)
             run = world.collective((kind, tuple(group), op), g, factory, members, None, proto, launch)
             for i in range(p, len(members)):
                 if not run.arrived[i]:
                     run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
             return choice.label
-        if counted is not None:
-            world.count_algorithm(f"{kind}:{op}", choice.label, counted)
         mine = world.run_collective_alone(factory(), members, None, proto, launch)
         if kind in KINDS:
             for mg in self._mirror_groups(g, kind):
@@ -334,20 +329,11 @@ class TrainingExecutor:
         if job.nccl is None:
             x = job.comm_slowdown
             return x / (1.0 + x) if x > 0 else 0.0
-        mine = self._shares_by_gpu.get((g, kind, op, size_bytes, peer))
-        if mine is None:
-            mine = self._shares_by_gpu[(g, kind, op, size_bytes, peer)] = self._share_of_group(
-                g, kind, op, size_bytes, peer)
-        return mine
-
-    def _share_of_group(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None) -> float:
-        job = self.job
-        assert job.nccl is not None
-        group = [g, peer] if peer is not None else self._group(g, kind)
-        shape = group_shape(self.world.topology, group)
-        key = (kind, op, size_bytes, shape)
+        key = (g, kind, op, size_bytes, peer)
         share = self._shares.get(key)
         if share is None:
+            group = [g, peer] if peer is not None else self._group(g, kind)
+            shape = group_shape(self.world.topology, group)
             alg = "direct" if peer is not None else choose(op, kind, size_bytes, self.world.topology, group,
                                                              self.comm, self._choices).algorithm
             share = self._shares[key] = job.nccl.share(shape.nodes, shape.per_node, alg)
@@ -387,25 +373,20 @@ class TrainingExecutor:
         kernels hold are lost: compute runs at (1 − share) of its speed, the shares of concurrent
         collectives adding up (each kernel has its own CTAs). Exact: at each wake-up the work done is the
         elapsed time less the time lost; a slowed wait also ends when a collective does (the rest is
-        re-planned at the new rate), and a wait that a collective joined is made up at the next wake-up."""
+        re-planned at the new rate), and a wait that a collective joined is made up at the next wake-up.
+        (``_blocks`` waits the usual case, nothing in flight, inline, and calls ``_compute_after`` only
+        when a collective joined that wait.)"""
         env = self.env
         if not self._interferes:
             yield env.timeout(work_s)
             return
-        t0 = env.now
-        if not self._comm_active.get(g, 0):  # the usual case: nothing in flight (then nothing is held)
-            l0 = self._lost_cum.get(g, 0.0)
-            yield env.timeout(work_s)
-            if self._comm_active.get(g, 0) or self._lost_cum.get(g, 0.0) != l0:  # a collective joined the wait
-                yield from self._compute_rest(g, work_s, t0, l0)
-            return
-        yield from self._compute_rest(g, work_s, t0, self._lost(g), first=True)
+        yield from self._compute_after(g, work_s, env.now, self._lost(g), waited=False)
 
-    def _compute_rest(self, g: int, work_s: float, t0: float, l0: float, first: bool = False):
-        """``_compute`` from its first wake-up on (``first``: from its start, with collectives in flight):
-        ``t0`` its start, ``l0`` the time lost on g up to then."""
+    def _compute_after(self, g: int, work_s: float, t0: float, l0: float, waited: bool = True):
+        """The rest of ``_compute``: ``t0`` its start, ``l0`` the time lost on g by then; ``waited``: its
+        first wait (at full speed) is over."""
         env = self.env
-        remaining = work_s if first else work_s - ((env.now - t0) - (self._lost(g) - l0))
+        remaining = work_s - ((env.now - t0) - (self._lost(g) - l0)) if waited else work_s
         # Stop once what is left is below the clock's resolution (a timeout that short cannot advance it).
         while remaining > max(1e-12 * work_s, 4 * math.ulp(env.now)):
             held = min(self._held.get(g, 0.0), self._max_share)
@@ -446,11 +427,11 @@ class TrainingExecutor:
                 work = dur * slow
                 if interferes and active.get(g, 0):
                     yield from self._compute(g, work)
-                else:  # _compute's usual case, inline (one generator less per block)
+                else:  # nothing in flight: _compute's usual case, inline (one generator less per block)
                     l0 = lost_cum.get(g, 0.0)
                     yield env.timeout(work)
                     if interferes and (active.get(g, 0) or lost_cum.get(g, 0.0) != l0):
-                        yield from self._compute_rest(g, work, start, l0)
+                        yield from self._compute_after(g, work, start, l0)
                 world.compute_events += 1
                 lost = env.now - start - work
                 if self._interferes and lost > 1e-9 * work:  # slowed by overlapped communication

@@ -192,14 +192,14 @@ class Estimator:
             return 0.0
         return self._priced_collective(op, kind, ranks, n_bytes)[0]
 
-    def comm_slowdown_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
-        """x such that compute beside this collective runs 1/(1 + x) as fast: its NCCL kernel's CTAs by
-        where the group's ranks are and the algorithm it runs (as the simulation's executor prices it)."""
+    def sm_share_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
+        """The share of the GPU's SMs this collective's NCCL kernel holds, so the compute it overlaps loses
+        that share of its time: its CTAs by where the group's ranks are and the algorithm it runs (as the
+        simulation's executor prices it)."""
         if len(ranks) <= 1 or n_bytes <= 0:
             return 0.0
         _, a, shape = self._priced_collective(op, kind, ranks, n_bytes)
-        share = self.nccl.share(shape.nodes, shape.per_node, a)
-        return share / (1.0 - share)
+        return self.nccl.share(shape.nodes, shape.per_node, a)
 
     def _priced_collective(self, op: str, kind: str, ranks: list[int], n_bytes: float):
         """(time, algorithm, group shape) of the tuner's fastest closed-form prediction for the group, its
@@ -251,8 +251,7 @@ class Estimator:
                     c = self.collective_s(blk.comm, "tp", group, blk.comm_bytes)
                     w = k * blk.dur_s
                     if blk.overlap:
-                        x = self.comm_slowdown_of(blk.comm, "tp", group, blk.comm_bytes)
-                        total += max(c, w + c * x / (1 + x)) - w
+                        total += max(c, w + c * self.sm_share_of(blk.comm, "tp", group, blk.comm_bytes)) - w
                     else:
                         total += c
             return total
@@ -380,8 +379,7 @@ class Estimator:
                 after = self.collective_s("all_gather", "dp", dp_group, held * eb)
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     exposed = max(scatter, sync - m * period)
-                    x = self.comm_slowdown_of("reduce_scatter", "dp", dp_group, layer_grads)
-                    slowed = (sync - exposed) * x / (1 + x)
+                    slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads)
                     dp_exposed = exposed + slowed + after
                 else:
                     dp_exposed = sync + after
@@ -396,8 +394,7 @@ class Estimator:
                     last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
                     hidden = max(0.0, min(sync - last_bucket, overlap))
                     # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
-                    x = self.comm_slowdown_of(op, "dp", dp_group, min(grads, self._bucket_bytes(dp)))
-                    slowed = hidden * x / (1 + x)
+                    slowed = hidden * self.sm_share_of(op, "dp", dp_group, min(grads, self._bucket_bytes(dp)))
                     dp_exposed = sync - hidden + slowed + after
                 else:
                     dp_exposed = sync + after

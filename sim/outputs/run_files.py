@@ -190,10 +190,15 @@ def write_run_files(result, out_dir: Path, charts: bool = True, trace: bool = Tr
     gc.collect()
     gc.freeze()
     try:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stale = out_dir / trace_name(not trace_gz)
+        if trace and stale.is_file():
+            stale.unlink()  # our own trace of an earlier run, in the other format: it would describe another run
+        meta = {"scenario": result.summary.get("name")}
         if worker is not None and charts and worker.draw(result.timeline, result.summary, out_dir):
-            return _write_with_worker(result, Path(out_dir), trace, trace_gz, worker)
-        return _write_run_files(result, out_dir, charts, trace, trace_gz)
+            return _write_with_worker(result, out_dir, meta, trace, trace_gz, worker)
+        return _write_run_files(result, out_dir, meta, charts, trace, trace_gz)
     finally:
         gc.unfreeze()
         if worker is not None:
@@ -209,16 +214,15 @@ def _small_files(result, out_dir: Path) -> list[Path]:
     return paths
 
 
-def _write_with_worker(result, out_dir: Path, trace: bool, trace_gz: bool, worker: ChartWorker) -> list[Path]:
+def _progress(steps: int) -> tqdm:
+    return tqdm(total=steps, desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
+                disable=None, leave=False)
+
+
+def _write_with_worker(result, out_dir: Path, meta: dict, trace: bool, trace_gz: bool,
+                       worker: ChartWorker) -> list[Path]:
     """The worker draws the charts (already sent) while this process writes the other files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stale = out_dir / trace_name(not trace_gz)
-    if trace and stale.is_file():
-        stale.unlink()
-    meta = {"scenario": result.summary.get("name")}
-    bar = tqdm(total=2, desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
-               disable=None, leave=False)
-    with bar:
+    with _progress(2) as bar:
         paths = _small_files(result, out_dir)
         big = _write_big_files(result.timeline, out_dir, meta, trace, trace_gz)
         bar.update()
@@ -231,20 +235,11 @@ def _write_with_worker(result, out_dir: Path, trace: bool, trace_gz: bool, worke
     return paths[:1] + big + paths[1:] + charts
 
 
-def _write_run_files(result, out_dir: Path, charts: bool, trace: bool, trace_gz: bool) -> list[Path]:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _write_run_files(result, out_dir: Path, meta: dict, charts: bool, trace: bool, trace_gz: bool) -> list[Path]:
     timeline = result.timeline
-    meta = {"scenario": result.summary.get("name")}
-    stale = out_dir / trace_name(not trace_gz)
-    if trace and stale.is_file():
-        stale.unlink()  # our own trace of an earlier run, in the other format: it would describe another run
     paths = _small_files(result, out_dir)
     big = [out_dir / "timeline.csv"] + ([out_dir / trace_name(trace_gz)] if trace else [])
-    steps = ["timeline.csv + trace"] + (["charts"] if charts else [])
-    bar = tqdm(total=len(steps), desc="writing results", unit="step", delay=PROGRESS_DELAY_S, file=sys.stderr,
-               disable=None, leave=False)
-    with bar:
+    with _progress(2 if charts else 1) as bar:
         ctx = _fork_context() if charts and len(timeline.spans) >= PARALLEL_MIN_SPANS else None
         child = None
         # Balance the two processes: the child writes the text files, and when they are light it also draws

@@ -60,16 +60,66 @@ def test_reference_profile_reproduces_sustained_mamf() -> None:
     assert RooflineCostModel(inline).gemm_model("bf16").ceiling_flops_per_s == pytest.approx(0.8 * 312e12)
 
 
-def test_causal_flash_attention_executes_half_the_scores() -> None:
-    cost = RooflineCostModel(A100)
-    lo = tf.layer_ops(GPT3, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16")
+def _split(combined_tflops: float, bwd_over_fwd: float) -> tuple[float, float]:
+    """Forward and backward FLOP/s of a kernel whose forward + backward benchmark (3.5× the forward's
+    FLOPs over both passes) reads ``combined_tflops``, at backward/forward rate ``bwd_over_fwd``."""
+    fwd = combined_tflops * 1e12 * (1 + 2.5 / bwd_over_fwd) / 3.5
+    return fwd, fwd * bwd_over_fwd
+
+
+def _attention_pair(cost: RooflineCostModel, dims: tf.TransformerDims, tp: int = 8, **kw) -> tuple:
+    lo = tf.layer_ops(dims, micro_batch=1, tp=tp, sequence_parallel=False, dtype="bf16", **kw)
     fwd = next(op for s in lo.forward for op in s.ops if op.name == "attention")
-    frac = 0.72 * 2048 / (2048 + 256)  # FlashAttention-2 forward fraction at s = 2048, head_dim 128
-    expect = fwd.flops / 2 / (312e12 * frac) + A100.kernel_launch_s
-    assert cost.op_time_s(fwd) == pytest.approx(expect, rel=1e-9)
     bwd = next(op for s in lo.backward_input for op in s.ops if op.name == "attention.bwd")
-    expect_b = bwd.flops * 1.25 / 2 / (312e12 * 0.60 * 2048 / 2304) + A100.kernel_launch_s
-    assert cost.op_time_s(bwd) == pytest.approx(expect_b, rel=1e-9)
+    return fwd, bwd
+
+
+def test_causal_flash_attention_executes_half_the_scores() -> None:
+    """A100, FlashAttention-2, s = 2048, head_dim 128: the README's forward + backward figure reads 155
+    TFLOP/s with the causal mask; split at backward/forward 0.833. The kernel executes half the scores
+    forward and 2.5/2 of the model FLOPs backward, and both passes together run at the figure's 155."""
+    cost = RooflineCostModel(A100)
+    fwd, bwd = _attention_pair(cost, GPT3)
+    r_f, r_b = _split(155, 0.833)
+    assert cost.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / r_f + A100.kernel_launch_s, rel=1e-9)
+    assert cost.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / r_b + A100.kernel_launch_s, rel=1e-9)
+    executed = fwd.flops / 2 + bwd.flops * 1.25 / 2
+    kernel_s = cost.op_time_s(fwd) + cost.op_time_s(bwd) - 2 * A100.kernel_launch_s
+    assert executed == pytest.approx(3.5 * fwd.flops / 2)
+    assert executed / kernel_s == pytest.approx(155e12, rel=1e-9)
+
+
+def test_attention_curves_interpolate_in_log_length_and_head_size() -> None:
+    """H100, FlashAttention (2022) forward + backward, causal: head_dim 128 reads 108 at s = 2k and 126
+    TFLOP/s at 4k, head_dim 64 136 and 138. s = 2896 (2^11.5) sits half-way in log s; head_dim 96
+    half-way between the two head sizes; past 16k the rate stays at 16k's (137); at s = 256 it is 512's
+    (98) × (256/512)/(512/768) (s/(s + 256) against its value at 512)."""
+    from sim.cost.reference import reference_profile
+
+    curves = reference_profile("H100-SXM").flash_by_kernel["v1"].curves
+    assert curves is not None and curves.passes == "fwd+bwd"
+
+    def combined(s: int, hd: int) -> float:
+        f = curves.tflops(s, hd, False, 256.0)
+        b = curves.tflops(s, hd, True, 256.0)
+        return 3.5 / (1 / f + 2.5 / b)
+
+    assert combined(2048, 128) == pytest.approx(108, rel=1e-9)
+    assert combined(2896, 128) == pytest.approx(108 + (126 - 108) * math.log(2896 / 2048) / math.log(2), rel=1e-9)
+    assert combined(4096, 96) == pytest.approx((126 + 138) / 2, rel=1e-9)
+    assert combined(65536, 128) == pytest.approx(137, rel=1e-9)
+    assert combined(256, 128) == pytest.approx(98 * (256 / 512) / (512 / 768), rel=1e-9)
+
+
+def test_flash_attention_3_forward_from_its_forward_figure() -> None:
+    """H100's latest kernel is priced from FlashAttention-3's forward figure (causal, head_dim 128: 602
+    TFLOP/s at s = 8k), its backward at 0.8 of that rate."""
+    cost = RooflineCostModel(GPU_PRESETS["H100-SXM"])
+    dims = tf.TransformerDims(layers=2, hidden=8192, heads=64, ffn_hidden=28672, vocab=128256, seq_len=8192)
+    fwd, bwd = _attention_pair(cost, dims)
+    launch = GPU_PRESETS["H100-SXM"].kernel_launch_s
+    assert cost.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / 602e12 + launch, rel=1e-9)
+    assert cost.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / (0.8 * 602e12) + launch, rel=1e-9)
 
 
 def test_standard_attention_is_slower_than_flash_for_gpt3_layers() -> None:
@@ -362,36 +412,33 @@ def test_megatron_core_buckets_only_the_first_stage_first_chunk() -> None:
 
 
 def test_flash_attention_v1_priced_from_its_own_public_figures() -> None:
-    """training.flash_attention v1 (FlashAttention of 2022, its Triton port): 40 % of the A100's peak
-    forward and 25 % backward at long sequences (FlashAttention-2 paper: FlashAttention reaches 25-40 %),
-    times s/(s + 256) as the FlashAttention-2 fit; against FlashAttention-2's 72 % / 60 %."""
+    """training.flash_attention v1 (FlashAttention of 2022, its Triton port) on the A100: the README
+    figure's causal head_dim 128 bar at s = 2048 reads 69 TFLOP/s forward + backward, split at
+    backward/forward 0.625 (FlashAttention reaching 25-40 %: forward at the top, backward at the bottom);
+    FlashAttention-2's forward is more than 1.7× faster. ``v2`` on the A100 is its latest kernel."""
     cost = RooflineCostModel(A100)
-    kw = dict(micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16")
-    lo1 = tf.layer_ops(GPT3, **kw, flash_kernel="v1")
-    fwd = next(op for s in lo1.forward for op in s.ops if op.name == "attention")
-    bwd = next(op for s in lo1.backward_input for op in s.ops if op.name == "attention.bwd")
-    short = 2048 / (2048 + 256)
-    assert cost.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / (312e12 * 0.40 * short) + A100.kernel_launch_s,
-                                                rel=1e-9)
-    assert cost.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / (312e12 * 0.25 * short)
-                                                + A100.kernel_launch_s, rel=1e-9)
-    lo2 = tf.layer_ops(GPT3, **kw)
-    fwd2 = next(op for s in lo2.forward for op in s.ops if op.name == "attention")
+    fwd, bwd = _attention_pair(cost, GPT3, flash_kernel="v1")
+    r_f, r_b = _split(69, 0.625)
+    assert cost.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / r_f + A100.kernel_launch_s, rel=1e-9)
+    assert cost.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / r_b + A100.kernel_launch_s, rel=1e-9)
+    fwd2, _ = _attention_pair(cost, GPT3)
     assert cost.op_time_s(fwd) > 1.7 * cost.op_time_s(fwd2)
+    fwd_v2, _ = _attention_pair(cost, GPT3, flash_kernel="v2")
+    assert cost.op_time_s(fwd_v2) == cost.op_time_s(fwd2)
 
 
 def test_flash_attention_v1_without_public_figures_is_one_clear_line(tmp_path, capsys) -> None:
     from sim.cli import main
 
-    sc = _tiny(cluster__gpu="H100-SXM", training__flash_attention="v1")
-    path = tmp_path / "h100-v1.yaml"
+    sc = _tiny(cluster__gpu="B200", training__flash_attention="v1")
+    path = tmp_path / "b200-v1.yaml"
     import yaml
 
     path.write_text(yaml.safe_dump(sc))
     assert main(["run", str(path), "--no-charts", "--no-trace", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "training.flash_attention" in err and "Traceback" not in err, err
-    assert "H100-SXM" in err and "latest" in err
+    assert "B200" in err and "latest" in err
 
 
 def test_concurrent_collectives_hold_their_own_sms() -> None:

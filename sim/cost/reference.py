@@ -7,8 +7,10 @@ cost model reads it; a measured profile (``dtsim calibrate``) replaces what it m
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,16 +24,69 @@ SAME_DIE = {"A100-40GB": "A100-80GB"}
 
 
 @dataclass(frozen=True)
-class FlashAttentionFit:
-    """Fraction of the dtype's peak a fused attention kernel reaches at long sequences, per pass."""
+class AttentionCurves:
+    """A fused attention kernel's published speed by sequence length, causal, per head size: TFLOP/s as
+    FlashAttention's benchmarks count them (forward 4·s²·d per head and sequence, halved when causal;
+    backward 2.5× the forward's). ``passes``: "fwd" (the forward alone) or "fwd+bwd" (3.5× the forward's
+    FLOPs over both passes); ``bwd_over_fwd`` (backward rate / forward rate) splits a fwd+bwd figure into
+    its passes, or prices the backward from a forward figure."""
 
-    fwd_fraction: float
-    bwd_fraction: float
+    passes: str
+    seq_len: tuple[int, ...]
+    tflops_by_head_dim: dict[int, tuple[float, ...]]
+    bwd_over_fwd: float
+
+    def __post_init__(self) -> None:
+        if self.passes not in ("fwd", "fwd+bwd"):
+            raise ValueError(f"attention curves: passes {self.passes!r} — use fwd or fwd+bwd")
+        if list(self.seq_len) != sorted(set(self.seq_len)) or not self.tflops_by_head_dim:
+            raise ValueError("attention curves: seq_len must increase and at least one head size be given")
+        for hd, row in self.tflops_by_head_dim.items():
+            if len(row) != len(self.seq_len) or min(row) <= 0:
+                raise ValueError(f"attention curves: head_dim {hd} needs {len(self.seq_len)} positive values")
+
+    def _at(self, row: tuple[float, ...], seq_len: int, seq_half: float) -> float:
+        """``row`` at ``seq_len``: linear in log(s) between the published lengths, flat past the longest,
+        and below the shortest scaled by s/(s + seq_half) (fewer query blocks than SMs)."""
+        s = self.seq_len
+        if seq_len <= s[0]:
+            return row[0] * (seq_len / (seq_len + seq_half)) / (s[0] / (s[0] + seq_half))
+        if seq_len >= s[-1]:
+            return row[-1]
+        i = bisect.bisect_right(s, seq_len)
+        w = math.log(seq_len / s[i - 1]) / math.log(s[i] / s[i - 1])
+        return row[i - 1] + w * (row[i] - row[i - 1])
+
+    def tflops(self, seq_len: int, head_dim: int, backward: bool, seq_half: float) -> float:
+        """Forward or backward TFLOP/s at this length and head size (linear between the published head
+        sizes, the nearest one outside them)."""
+        dims = sorted(self.tflops_by_head_dim)
+        lo = max([d for d in dims if d <= head_dim], default=dims[0])
+        hi = min([d for d in dims if d >= head_dim], default=dims[-1])
+        r_lo = self._at(self.tflops_by_head_dim[lo], seq_len, seq_half)
+        r_hi = self._at(self.tflops_by_head_dim[hi], seq_len, seq_half)
+        rate = r_lo if hi == lo else r_lo + (head_dim - lo) / (hi - lo) * (r_hi - r_lo)
+        rho = self.bwd_over_fwd
+        fwd = rate if self.passes == "fwd" else rate * (1.0 + 2.5 / rho) / 3.5
+        return fwd * rho if backward else fwd
+
+
+@dataclass(frozen=True)
+class FlashAttentionFit:
+    """A fused attention kernel's fraction of the dtype's peak, per pass: from its published curves where
+    the profile has them, else fractions at long sequences × s/(s + seq_half)."""
+
+    fwd_fraction: float = 0.0
+    bwd_fraction: float = 0.0
     seq_half: float = 256.0  # efficiency × s/(s + seq_half): short sequences leave the SMs underfed
     head_dim_64_factor: float = 0.85  # head_dim ≤ 64 reaches this share of head_dim 128's rate
     kernel: str = ""
+    curves: AttentionCurves | None = None
 
-    def fraction(self, seq_len: int, head_dim: int, backward: bool) -> float:
+    def fraction(self, seq_len: int, head_dim: int, backward: bool, peak_16bit_flops_per_s: float) -> float:
+        """Share of the 16-bit peak (``peak_16bit_flops_per_s``: what the curves were measured against)."""
+        if self.curves is not None:
+            return self.curves.tflops(seq_len, head_dim, backward, self.seq_half) * 1e12 / peak_16bit_flops_per_s
         base = self.bwd_fraction if backward else self.fwd_fraction
         hd = self.head_dim_64_factor if head_dim <= 64 else 1.0
         return base * hd * seq_len / (seq_len + self.seq_half)
@@ -87,8 +142,16 @@ def reference_profile(gpu_name: str) -> ReferenceProfile | None:
     g, fa, mem = data["fits"]["gemm"], data["fits"]["flash_attention"], data["fits"]["memory"]
 
     def flash_fit(f: dict) -> FlashAttentionFit:
-        return FlashAttentionFit(float(f["fwd_fraction"]), float(f["bwd_fraction"]), float(f["seq_half"]),
-                                 float(f["head_dim_64_factor"]), str(f.get("kernel", "")))
+        c = f.get("curves")
+        curves = None if c is None else AttentionCurves(
+            str(c["passes"]), tuple(int(s) for s in c["seq_len"]),
+            {int(hd): tuple(float(x) for x in row) for hd, row in c["tflops_causal"].items()},
+            float(c["bwd_over_fwd"]))
+        if curves is None and not ("fwd_fraction" in f and "bwd_fraction" in f):
+            raise ValueError(f"{path}: a flash_attention fit needs curves or fwd_fraction and bwd_fraction")
+        return FlashAttentionFit(float(f.get("fwd_fraction", 0.0)), float(f.get("bwd_fraction", 0.0)),
+                                 float(f.get("seq_half", 256.0)), float(f.get("head_dim_64_factor", 0.85)),
+                                 str(f.get("kernel", "")), curves)
 
     return ReferenceProfile(
         name=name, path=path,

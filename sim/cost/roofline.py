@@ -45,13 +45,16 @@ class RooflineCostModel:
                 "training.precision",
             ) from None
 
+    def _peak_16bit(self) -> float:
+        """The bf16 (else fp16) dense peak: what public kernel figures are measured against."""
+        return self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
+
     def gemm_model(self, dtype: str) -> GemmShapeModel:
         model = self._gemm.get(dtype)
         if model is None:
             peak = self._peak(dtype)
             if self.reference is not None:
-                ref_peak = self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
-                model = self.reference.gemm_model(self.gpu.sm_count, peak, ref_peak, dtype)
+                model = self.reference.gemm_model(self.gpu.sm_count, peak, self._peak_16bit(), dtype)
             else:
                 model = GemmShapeModel(peak * self.gpu.gemm_efficiency, self.gpu.sm_count)
             self._gemm[dtype] = model
@@ -76,7 +79,7 @@ class RooflineCostModel:
                     f"{op.kernel!r} — the {self.gpu.name} reference profile has no public FlashAttention "
                     f"{op.kernel} figures (it has: {have}); use latest, or calibrate this GPU",
                     "training.flash_attention")
-            fraction = fit.fraction(seq, head_dim, op.backward)
+            fraction = fit.fraction(seq, head_dim, op.backward, self._peak_16bit())
         else:
             fraction = self.gpu.attention_efficiency
         return self._peak(op.dtype) * fraction

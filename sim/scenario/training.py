@@ -113,10 +113,11 @@ class Training(_Strict):
         "and fused, e.g. megatron-lm-2021 (bmm attention, fp32 grad-accumulation pass) or "
         "transformer-engine (flash attention, fused kernels)",
     )
-    flash_attention: Literal["latest", "v1"] = Field(
+    flash_attention: Literal["latest", "v2", "v1"] = Field(
         "latest", description="the FlashAttention generation the stack ran (model.attention: flash): latest "
-        "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100) or v1 (FlashAttention of "
-        "2022 and its Triton port, e.g. llm-foundry's attn_impl: triton in 2023)",
+        "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100/H200), v2 "
+        "(FlashAttention-2) or v1 (FlashAttention of 2022 and its Triton port, e.g. llm-foundry's "
+        "attn_impl: triton in 2023), each priced from its published speed curves",
     )
     norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]
         "auto", description="the LayerNorm/RMSNorm kernels: auto (what training.kernels ran: apex's affine "

@@ -484,3 +484,28 @@ def test_nccl_ctas_follow_where_the_ranks_are() -> None:
     assert a100.of(16, 1, "ring") == 2 and h100.of(16, 1, "ring") == 4
     assert a100.of(2, 1, "direct") == 2
     assert a100.share(1, 8, "ring") == pytest.approx(24 / 108)  # compute beside it: 84/108 of its speed
+
+
+def test_transformer_engine_attention_is_the_kernel_te_selects() -> None:
+    """Under kernels transformer-engine, `latest` is what TE's get_attention_backend picks: cuDNN's fused
+    attention on Hopper (cudnn-frontend's H200 results, causal head_dim 128 at s = 8k: forward 644,
+    backward 541 TFLOP/s, the backward its own figure); another stack's `latest` on the same GPU is
+    FlashAttention-3 (602 forward at 8k); on the A100, with no TE fit, TE runs the profile's own kernel."""
+    from sim.training import step_work as sw
+    from sim.workload.kernels import KERNEL_SETS
+
+    dims = tf.TransformerDims(layers=2, hidden=8192, heads=64, ffn_hidden=28672, vocab=128256, seq_len=8192)
+    te, mlm = KERNEL_SETS["transformer-engine"], KERNEL_SETS["megatron-lm-2022"]
+    assert sw.flash_kernel("latest", te) == "te" and sw.flash_kernel("latest", mlm) == ""
+    assert sw.flash_kernel("v1", te) == "v1"
+    h100 = RooflineCostModel(GPU_PRESETS["H100-SXM"])
+    launch = GPU_PRESETS["H100-SXM"].kernel_launch_s
+    fwd, bwd = _attention_pair(h100, dims, flash_kernel=sw.flash_kernel("latest", te))
+    assert h100.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / 644e12 + launch, rel=1e-9)
+    assert h100.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / 541e12 + launch, rel=1e-9)
+    fwd3, _ = _attention_pair(h100, dims, flash_kernel=sw.flash_kernel("latest", mlm))
+    assert h100.op_time_s(fwd3) == pytest.approx(fwd3.flops / 2 / 602e12 + launch, rel=1e-9)
+    a100 = RooflineCostModel(A100)
+    fwd_te, _ = _attention_pair(a100, GPT3, flash_kernel="te")
+    fwd_own, _ = _attention_pair(a100, GPT3)
+    assert a100.op_time_s(fwd_te) == a100.op_time_s(fwd_own)

@@ -34,16 +34,24 @@ class AttentionCurves:
     passes: str
     seq_len: tuple[int, ...]
     tflops_by_head_dim: dict[int, tuple[float, ...]]
-    bwd_over_fwd: float
+    bwd_over_fwd: float = 0.0
+    # The backward's own published TFLOP/s ("fwd" curves only); it replaces bwd_over_fwd.
+    bwd_tflops_by_head_dim: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.passes not in ("fwd", "fwd+bwd"):
             raise ValueError(f"attention curves: passes {self.passes!r} — use fwd or fwd+bwd")
         if list(self.seq_len) != sorted(set(self.seq_len)) or not self.tflops_by_head_dim:
             raise ValueError("attention curves: seq_len must increase and at least one head size be given")
-        for hd, row in self.tflops_by_head_dim.items():
+        rows = {**self.tflops_by_head_dim, **{-hd: r for hd, r in self.bwd_tflops_by_head_dim.items()}}
+        for hd, row in rows.items():
             if len(row) != len(self.seq_len) or min(row) <= 0:
-                raise ValueError(f"attention curves: head_dim {hd} needs {len(self.seq_len)} positive values")
+                raise ValueError(f"attention curves: head_dim {abs(hd)} needs {len(self.seq_len)} positive values")
+        if self.bwd_tflops_by_head_dim:
+            if self.passes != "fwd" or set(self.bwd_tflops_by_head_dim) != set(self.tflops_by_head_dim):
+                raise ValueError("attention curves: backward rows go with forward rows of the same head sizes")
+        elif self.bwd_over_fwd <= 0:
+            raise ValueError("attention curves: give bwd_over_fwd or the backward's own rows")
 
     def _at(self, row: tuple[float, ...], seq_len: int, seq_half: float) -> float:
         """``row`` at ``seq_len``: linear in log(s) between the published lengths, flat past the longest,
@@ -60,12 +68,16 @@ class AttentionCurves:
     def tflops(self, seq_len: int, head_dim: int, backward: bool, seq_half: float) -> float:
         """Forward or backward TFLOP/s at this length and head size (linear between the published head
         sizes, the nearest one outside them)."""
-        dims = sorted(self.tflops_by_head_dim)
+        own = backward and bool(self.bwd_tflops_by_head_dim)
+        table = self.bwd_tflops_by_head_dim if own else self.tflops_by_head_dim
+        dims = sorted(table)
         lo = max([d for d in dims if d <= head_dim], default=dims[0])
         hi = min([d for d in dims if d >= head_dim], default=dims[-1])
-        r_lo = self._at(self.tflops_by_head_dim[lo], seq_len, seq_half)
-        r_hi = self._at(self.tflops_by_head_dim[hi], seq_len, seq_half)
+        r_lo = self._at(table[lo], seq_len, seq_half)
+        r_hi = self._at(table[hi], seq_len, seq_half)
         rate = r_lo if hi == lo else r_lo + (head_dim - lo) / (hi - lo) * (r_hi - r_lo)
+        if own:
+            return rate
         rho = self.bwd_over_fwd
         fwd = rate if self.passes == "fwd" else rate * (1.0 + 2.5 / rho) / 3.5
         return fwd * rho if backward else fwd
@@ -146,7 +158,8 @@ def reference_profile(gpu_name: str) -> ReferenceProfile | None:
         curves = None if c is None else AttentionCurves(
             str(c["passes"]), tuple(int(s) for s in c["seq_len"]),
             {int(hd): tuple(float(x) for x in row) for hd, row in c["tflops_causal"].items()},
-            float(c["bwd_over_fwd"]))
+            float(c.get("bwd_over_fwd", 0.0)),
+            {int(hd): tuple(float(x) for x in row) for hd, row in c.get("tflops_causal_bwd", {}).items()})
         if curves is None and not ("fwd_fraction" in f and "bwd_fraction" in f):
             raise ValueError(f"{path}: a flash_attention fit needs curves or fwd_fraction and bwd_fraction")
         return FlashAttentionFit(float(f.get("fwd_fraction", 0.0)), float(f.get("bwd_fraction", 0.0)),

@@ -19,7 +19,7 @@ from sim.cost.gemm_model import GemmShapeModel
 from sim.cost.reference import ReferenceProfile, reference_profile
 from sim.errors import ScenarioError
 from sim.hardware.gpu import GPUSpec
-from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
+from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, TE_ATTENTION, Op
 
 FLASH_BWD_EXECUTED = 2.5 / 2.0  # backward runs 5 matmuls of the forward's 2 (recomputes QKᵀ); model FLOPs count 2×
 
@@ -73,8 +73,10 @@ class RooflineCostModel:
         head_dim, seq = op.k or 128, op.n or 2048
         if self.reference is not None:
             fit = self.reference.flash_by_kernel.get(op.kernel) if op.kernel else self.reference.flash
+            if fit is None and op.kernel == TE_ATTENTION:  # TE runs the GPU's own kernel where no TE fit
+                fit = self.reference.flash
             if fit is None:
-                have = ", ".join(["latest", *sorted(self.reference.flash_by_kernel)])
+                have = ", ".join(["latest", *sorted(k for k in self.reference.flash_by_kernel if k != TE_ATTENTION)])
                 raise ScenarioError(
                     f"{op.kernel!r} — the {self.gpu.name} reference profile has no public FlashAttention "
                     f"{op.kernel} figures (it has: {have}); use latest, or calibrate this GPU",

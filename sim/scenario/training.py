@@ -115,7 +115,8 @@ class Training(_Strict):
     )
     flash_attention: Literal["latest", "v2", "v1"] = Field(
         "latest", description="the FlashAttention generation the stack ran (model.attention: flash): latest "
-        "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100/H200), v2 "
+        "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100/H200; under kernels "
+        "transformer-engine the kernel TE selects: cuDNN's fused attention on H100/H200), v2 "
         "(FlashAttention-2) or v1 (FlashAttention of 2022 and its Triton port, e.g. llm-foundry's "
         "attn_impl: triton in 2023), each priced from its published speed curves",
     )

@@ -21,7 +21,7 @@ from sim.workload.kernels import (
     megatron_bucket_params,
     persistent_norm,
 )
-from sim.workload.ops import GEMM, Op, elementwise
+from sim.workload.ops import GEMM, TE_ATTENTION, Op, elementwise
 from sim.workload.transformer import LayerOps, Segment, TransformerDims, layer_ops
 
 if TYPE_CHECKING:
@@ -162,9 +162,12 @@ def inline_wgrads(segments: tuple[Segment, ...], ks: KernelSet, gbytes: int, eby
                  for seg in segments)
 
 
-def flash_kernel(flash_attention: str) -> str:
-    """``Op.kernel`` of the fused attention for ``training.flash_attention`` ("" = the GPU profile's own)."""
-    return "" if flash_attention == "latest" else flash_attention
+def flash_kernel(flash_attention: str, ks: KernelSet | None = None) -> str:
+    """``Op.kernel`` of the fused attention for ``training.flash_attention``: "" = the GPU profile's own,
+    ``TE_ATTENTION`` = what Transformer Engine selects on that GPU (``latest`` under a TE kernel set)."""
+    if flash_attention != "latest":
+        return flash_attention
+    return TE_ATTENTION if ks is not None and ks.te_attention else ""
 
 
 def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
@@ -182,7 +185,7 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
     overlap = tp_backward_overlap(ks, tp, schedule)
     lo = layer_ops(d, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype,
                    attention=attention, attention_dropout_kernel=ks.attention_dropout_kernel,
-                   tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention),
+                   tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention, ks),
                    persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe)
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))

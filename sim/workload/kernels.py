@@ -88,6 +88,11 @@ class KernelSet:
     # ~10 µs (H. He, "Making Deep Learning Go Brrrr From First Principles", 2022, §Overhead). Kernels
     # shorter than this leave the GPU waiting on the CPU.
     host_dispatch_us: float = 6.0
+    # Its fused attention is Transformer Engine's DotProductAttention, which on Hopper and newer picks
+    # cuDNN's fused attention over FlashAttention "for performance reasons" (transformer_engine/pytorch/
+    # attention/dot_product_attention/utils.py, get_attention_backend): priced by the GPU profile's
+    # ``flash_attention_te`` fit where it has one, else by its own.
+    te_attention: bool = False
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -125,6 +130,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
+            te_attention=True,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),

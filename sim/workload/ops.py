@@ -26,6 +26,11 @@ DROPOUT = "dropout"  # dropout, alone or fused with bias and residual add (rando
 MEMORY_FAMILIES = (NORM, NORM_BWD, PERSISTENT_NORM, PERSISTENT_NORM_BWD, SOFTMAX, SOFTMAX_BWD, DROPOUT)
 
 
+# ``Op.kernel`` of a fused attention run by Transformer Engine: whatever kernel TE selects on the GPU (its
+# profile's ``flash_attention_te`` fit, else the profile's own kernel).
+TE_ATTENTION = "te"
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
     """One kernel (or fused group) on one GPU.
@@ -50,7 +55,7 @@ class Op:
     fixed_s: float = 0.0
     backward: bool = False
     causal: bool = False
-    kernel: str = ""  # fused attention: the FlashAttention generation ("" = the GPU profile's own; "v1")
+    kernel: str = ""  # fused attention: its generation ("" = the GPU profile's own; "v1", "v2"; TE_ATTENTION)
     family: str = STREAM  # memory-bound ops: the kernel family (MEMORY_FAMILIES) that sets its bandwidth
 
 

@@ -139,7 +139,11 @@ def test_family_outputs_are_reused_not_grown(kernel: str):
         faulted_bytes = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * resource.getpagesize()
     finally:
         clear_pools()
-    assert n_sets > 1 and faulted_bytes < 0.25 * n_sets * nbytes  # growing would fault ≥ 4 rounds' outputs
+    # Growing would fault in all 4 rounds' outputs (4 · n_sets · nbytes). What is left is the process's
+    # other page faults: RUSAGE_SELF counts every thread and the interpreter, and inside a full test session
+    # under load that reached 160 pages (0.31 of one round here). One round's worth keeps a 4x margin below
+    # growth.
+    assert n_sets > 1 and faulted_bytes < n_sets * nbytes
 
 
 def test_a_bf16_family_point_measures_or_is_skipped():

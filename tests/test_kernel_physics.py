@@ -509,3 +509,23 @@ def test_transformer_engine_attention_is_the_kernel_te_selects() -> None:
     fwd_te, _ = _attention_pair(a100, GPT3, flash_kernel="te")
     fwd_own, _ = _attention_pair(a100, GPT3)
     assert a100.op_time_s(fwd_te) == a100.op_time_s(fwd_own)
+
+
+def test_attention_curves_refuse_inconsistent_tables() -> None:
+    """A curve needs increasing lengths, one positive value per length, and a way to price the backward
+    (its own rows beside forward rows of the same head sizes, or a backward/forward ratio)."""
+    from sim.cost.reference import AttentionCurves
+
+    seq, row = (1024, 2048), (100.0, 120.0)
+    AttentionCurves("fwd", seq, {128: row}, bwd_tflops_by_head_dim={128: row})  # well formed
+    bad = [
+        dict(passes="fwd", seq_len=(2048, 1024), tflops_by_head_dim={128: row}, bwd_over_fwd=0.8),
+        dict(passes="fwd", seq_len=seq, tflops_by_head_dim={128: (100.0,)}, bwd_over_fwd=0.8),
+        dict(passes="fwd", seq_len=seq, tflops_by_head_dim={128: row}),
+        dict(passes="fwd+bwd", seq_len=seq, tflops_by_head_dim={128: row}, bwd_tflops_by_head_dim={128: row}),
+        dict(passes="fwd", seq_len=seq, tflops_by_head_dim={128: row}, bwd_tflops_by_head_dim={64: row}),
+        dict(passes="both", seq_len=seq, tflops_by_head_dim={128: row}, bwd_over_fwd=0.8),
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            AttentionCurves(**kw)

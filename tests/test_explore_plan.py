@@ -237,3 +237,22 @@ def test_twins_are_zero_or_attention_recompute_variants_with_close_estimates():
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 2, "selective", True), 1.01))
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 1, "full", True), 1.0))
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 2, "1f1b", 1, 1, "none", True), 1.0))
+
+
+def test_screen_and_simulation_follow_an_overlapped_param_gather(tmp_path):
+    """ZeRO-1 with data parallelism across the two nodes: with overlap_param_gather the update's gather
+    leaves the step's end for the next forward, in the simulation and in the screen alike, and a ZeRO-0
+    candidate of that base is still a valid scenario (the flag is dropped for it)."""
+    c = Candidate(4, 1, 2, 1, "interleaved-1f1b", 4, 1, "selective", False)
+    steps = {}
+    for overlap in (False, True):
+        data = {**with_changes(HAND_1P3B, parallel={"zero": 1, "overlap_param_gather": overlap}),
+                "name": f"hand-opg-{overlap}"}
+        base = write(tmp_path, data)
+        est = Estimator(load_scenario(base))
+        sim_s = simulate(load_scenario(base, c.overrides())).summary["step_time_s"]
+        assert est.estimate(c).step_time_s == pytest.approx(sim_s, rel=SCREEN_TOLERANCE)
+        steps[overlap] = (sim_s, est.estimate(c).step_time_s)
+    assert steps[True][0] < steps[False][0] and steps[True][1] < steps[False][1]
+    z0 = Candidate(4, 1, 2, 1, "interleaved-1f1b", 4, 0, "selective", False)
+    assert simulate(load_scenario(base, z0.overrides())).summary["step_time_s"] > 0

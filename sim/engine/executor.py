@@ -515,6 +515,7 @@ class TrainingExecutor:
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
             bucket = shard_bucket = expert_bucket = 0.0
+            param_gathers = self._param_gathers(g, stage, actions)
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
                 chunk = job.chunks[vs]
@@ -531,6 +532,10 @@ class TrainingExecutor:
                     for i, lw in enumerate(chunk.layers):
                         if gathers:
                             yield gathers(i)
+                        if param_gathers:
+                            update = param_gathers(a.chunk, i)
+                            if not update.processed:
+                                yield update
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
                     if vs < V - 1:
                         sent = self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
@@ -685,6 +690,38 @@ class TrainingExecutor:
 
         return get
 
+    def _param_gathers(self, g: int, stage: int, actions):
+        """Megatron-Core's overlapped parameter gather (ZeRO 1/2, ``job.overlap_param_gather``): a function
+        giving the event of (chunk, layer)'s gather of the updated parameters. As Megatron's schedules
+        dispatch them (``param_sync_func``): the first two model chunks' gathers, every layer of each back
+        to back on the DP stream, as the step starts (the optimizer step just ended), then the next chunk's
+        when a chunk's first forward begins; each layer's forward waits for its own (the forward pre-hook's
+        ``finish_param_sync``). Megatron also shifts each stage's dispatch by its pipeline rank in
+        micro-batches to line the stages up; dtsim dispatches when the stage starts the chunk. None when
+        the update is gathered after the optimizer step instead."""
+        job = self.job
+        if not job.overlap_param_gather or job.zero not in (1, 2) or job.dp == 1:
+            return None
+        chunks: list[int] = []  # model chunks in the order the step's forwards first reach them
+        for a in actions:
+            if a.kind == "F" and a.chunk not in chunks:
+                chunks.append(a.chunk)
+        events: dict[tuple[int, int], simpy.Event] = {}
+
+        def dispatch(k: int) -> None:
+            if k < len(chunks) and (chunks[k], 0) not in events:
+                for i, lw in enumerate(job.chunk_of(stage, chunks[k]).layers):
+                    events[(chunks[k], i)] = self._dp_gather(g, lw.param_bytes)
+
+        def get(chunk: int, i: int) -> simpy.Event:
+            if i == 0:
+                dispatch(chunks.index(chunk) + 1)
+            return events[(chunk, i)]
+
+        dispatch(0)
+        dispatch(1)
+        return get
+
     def _dp_gather(self, g: int, size_bytes: float) -> simpy.Event:
         env, world = self.env, self.world
 
@@ -738,7 +775,7 @@ class TrainingExecutor:
             if env.now > start:
                 world.span(g, STREAM_COMM, "grad norm all_reduce", COMM_CLIP, start, {"bytes": 4.0, "op": "all_reduce"})
         yield from self._blocks(g, (job.optimizer,), OPTIMIZER, {"step": step}, "")
-        if job.zero in (1, 2) and job.dp > 1:
+        if job.zero in (1, 2) and job.dp > 1 and not job.overlap_param_gather:
             _, _, stage = self.layout.coords(g)
             params = sum(lw.param_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers)
             yield self._dp_gather(g, params)

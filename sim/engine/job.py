@@ -68,6 +68,10 @@ class TrainingJob:
     bucket_bytes: float = 25e6
     bucket_first_chunk_only: bool = False  # Megatron-Core: later stages/chunks reduce each chunk whole
     overlap_grad_sync: bool = True
+    # ZeRO 1/2: the updated parameters are gathered beside the next step's forward, a model chunk ahead
+    # (Megatron-Core --overlap-param-gather). Each simulated step gathers the previous step's update so,
+    # as a steady state, and leaves its own to the next.
+    overlap_param_gather: bool = False
     optimizer: Block = field(default_factory=lambda: Block("optimizer", 0.0))
     unscale: Block | None = None  # loss-scaling unscale + inf check (then a tiny all-reduce)
     overflow_steps: frozenset[int] = frozenset()  # steps whose update is skipped (loss-scale overflow)

@@ -84,6 +84,8 @@ class Candidate:
             f"parallel.sequence_parallel={'true' if self.sequence_parallel else 'false'}",
             f"training.micro_batch={self.micro_batch}",
             f"training.checkpointing={self.checkpointing}",
+            # only a sharded optimizer gathers its update (a base that overlaps it keeps that for ZeRO 1/2)
+            *(["parallel.overlap_param_gather=false"] if self.zero not in (1, 2) else []),
         ]
 
     def label(self) -> str:
@@ -166,6 +168,7 @@ class Estimator:
         self.optimizer = "sgd" if tr.optimizer == "sgd" else "adam"
         self.bucket_MB = par.bucket_MB
         self.overlap_grad_sync = par.overlap_grad_sync
+        self.overlap_param_gather = par.overlap_param_gather
         self.capacity = scenario.gpu.memory_bytes
         self.nccl = scenario.gpu.nccl_ctas()
         # Synchronous training runs at its slowest GPU's pace: compute × the expected slowest factor of the
@@ -311,6 +314,16 @@ class Estimator:
         """The candidate's gradient bucket (the stack's default depends on its data-parallel size)."""
         return grad_bucket_bytes(self.bucket_MB, transformer=True, data=dp, grad_elem_bytes=self.gbytes)
 
+    def _param_gather_s(self, dp_group: list[int], held_bytes: float, layer_bytes: float) -> float:
+        """Exposed time of gathering a ZeRO 1/2 update: all of it after the optimizer step, or with
+        ``overlap_param_gather`` the first layer's (the forward waits for it) and the SMs the rest holds
+        beside the next forward."""
+        whole = self.collective_s("all_gather", "dp", dp_group, held_bytes)
+        if not self.overlap_param_gather or held_bytes <= layer_bytes:
+            return whole
+        first = self.collective_s("all_gather", "dp", dp_group, layer_bytes)
+        return first + (whole - first) * self.sm_share_of("all_gather", "dp", dp_group, layer_bytes)
+
     def _dp_buckets_s(self, op: str, group: list[int], grads_bytes: float, layer_grad_bytes: float) -> float:
         """The gradient sync as the executor runs it: layers' gradients gathered into buckets of at least
         ``bucket_MB`` (one collective each, serialised on the DP stream); one collective of everything
@@ -376,7 +389,7 @@ class Estimator:
                 per_mb = layers[0] * scatter + (self.collective_s("reduce_scatter", "dp", dp_group, rest)
                                                 if rest > 0 else 0.0)
                 sync = m * per_mb
-                after = self.collective_s("all_gather", "dp", dp_group, held * eb)
+                after = self._param_gather_s(dp_group, held * eb, tf.layer_params(d) / t * eb)
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     exposed = max(scatter, sync - m * period)
                     slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads)
@@ -388,7 +401,7 @@ class Estimator:
                 whole = c.zero == 0 or zero1_all_reduces_grads(ks, self.precision)
                 op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
-                after = self.collective_s("all_gather", "dp", dp_group, held * eb) if c.zero == 1 else 0.0
+                after = self._param_gather_s(dp_group, held * eb, tf.layer_params(d) / t * eb) if c.zero == 1 else 0.0
                 if self.overlap_grad_sync:
                     overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
                     last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)

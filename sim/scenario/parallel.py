@@ -35,6 +35,12 @@ class Parallel(_Strict):
         description="overlap the gradient all-reduce with the backward pass; default: what "
         "training.kernels did (Megatron-LM 2021/2022 reduced after the last micro-batch)"
     )
+    overlap_param_gather: bool = Field(
+        False,
+        description="ZeRO 1/2 (Megatron's distributed optimizer): all-gather the updated parameters beside "
+        "the next step's forward, a model chunk ahead, each layer waiting for its own (Megatron-Core's "
+        "--overlap-param-gather), instead of all at once after the optimizer step",
+    )
     dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
         "auto",
         description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "
@@ -90,6 +96,13 @@ class Parallel(_Strict):
                 show(self.dp_algorithm),
                 f"a parameter server syncs whole gradients (all-reduce), ZeRO {self.zero} shards them",
                 "use zero: 0 or another dp_algorithm",
+            )
+        if self.overlap_param_gather and self.zero not in (1, 2):
+            raise RuleError(
+                "overlap_param_gather",
+                show(self.overlap_param_gather),
+                f"only a sharded optimizer (ZeRO 1 or 2) gathers its updated parameters; zero is {self.zero}",
+                "set zero: 1 (Megatron's distributed optimizer) or drop overlap_param_gather",
             )
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise RuleError(

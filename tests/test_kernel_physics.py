@@ -595,3 +595,16 @@ def test_overlapped_param_gather_runs_a_model_chunk_ahead() -> None:
     assert gathers[0] == 0.0 and gathers[1] == pytest.approx(0.0, abs=0.01)  # chunks 0, 1 back to back
     assert gathers[2] >= first_f[1] - 1e-12
     assert not [s for s in g0 if s.name == "all_gather params" and s.start_s > first_f[2]]
+
+
+def test_b200_attention_is_cudnns_gb200_figure_at_the_hgx_peak() -> None:
+    """B200: cudnn-frontend's GB200 figure (causal, head_dim 128, s = 8k: forward 1574, backward 1332
+    TFLOP/s) taken at the same fraction of peak on an HGX B200 (2.25 against the GB200's 2.5 PFLOP/s)."""
+    b200 = GPU_PRESETS["B200"]
+    cost = RooflineCostModel(b200)
+    dims = tf.TransformerDims(layers=2, hidden=8192, heads=64, ffn_hidden=28672, vocab=128256, seq_len=8192)
+    fwd, bwd = _attention_pair(cost, dims, flash_kernel="te")
+    scale = 2250 / 2500
+    assert cost.op_time_s(fwd) - b200.kernel_launch_s == pytest.approx(fwd.flops / 2 / (1574e12 * scale), rel=1e-3)
+    assert cost.op_time_s(bwd) - b200.kernel_launch_s == pytest.approx(bwd.flops * 1.25 / 2 / (1332e12 * scale),
+                                                                       rel=1e-3)

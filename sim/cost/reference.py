@@ -43,10 +43,10 @@ class AttentionCurves:
             raise ValueError(f"attention curves: passes {self.passes!r} — use fwd or fwd+bwd")
         if list(self.seq_len) != sorted(set(self.seq_len)) or not self.tflops_by_head_dim:
             raise ValueError("attention curves: seq_len must increase and at least one head size be given")
-        rows = {**self.tflops_by_head_dim, **{-hd: r for hd, r in self.bwd_tflops_by_head_dim.items()}}
-        for hd, row in rows.items():
-            if len(row) != len(self.seq_len) or min(row) <= 0:
-                raise ValueError(f"attention curves: head_dim {abs(hd)} needs {len(self.seq_len)} positive values")
+        for table in (self.tflops_by_head_dim, self.bwd_tflops_by_head_dim):
+            for hd, row in table.items():
+                if len(row) != len(self.seq_len) or min(row) <= 0:
+                    raise ValueError(f"attention curves: head_dim {hd} needs {len(self.seq_len)} positive values")
         if self.bwd_tflops_by_head_dim:
             if self.passes != "fwd" or set(self.bwd_tflops_by_head_dim) != set(self.tflops_by_head_dim):
                 raise ValueError("attention curves: backward rows go with forward rows of the same head sizes")

@@ -700,7 +700,7 @@ class TrainingExecutor:
         micro-batches to line the stages up; dtsim dispatches when the stage starts the chunk. None when
         the update is gathered after the optimizer step instead."""
         job = self.job
-        if not job.overlap_param_gather or job.zero not in (1, 2) or job.dp == 1:
+        if not (job.gathers_update and job.overlap_param_gather):
             return None
         chunks: list[int] = []  # model chunks in the order the step's forwards first reach them
         for a in actions:
@@ -775,7 +775,7 @@ class TrainingExecutor:
             if env.now > start:
                 world.span(g, STREAM_COMM, "grad norm all_reduce", COMM_CLIP, start, {"bytes": 4.0, "op": "all_reduce"})
         yield from self._blocks(g, (job.optimizer,), OPTIMIZER, {"step": step}, "")
-        if job.zero in (1, 2) and job.dp > 1 and not job.overlap_param_gather:
+        if job.gathers_update and not job.overlap_param_gather:
             _, _, stage = self.layout.coords(g)
             params = sum(lw.param_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers)
             yield self._dp_gather(g, params)

@@ -99,5 +99,10 @@ class TrainingJob:
     def split_backward(self) -> bool:
         return self.schedule in SPLIT_BACKWARD
 
+    @property
+    def gathers_update(self) -> bool:
+        """A sharded optimizer (ZeRO 1/2) over several replicas: its updated parameters are all-gathered."""
+        return self.zero in (1, 2) and self.dp > 1
+
     def chunk_of(self, stage: int, chunk: int) -> ChunkWork:
         return self.chunks[chunk * self.pp + stage]

@@ -374,13 +374,14 @@ class Estimator:
         params = self._stage_params(c)
         held = max(params)
         layer_grads = tf.layer_params(d) / t * gb
+        layer_weights = tf.layer_params(d) / t * eb
         dp_group = lay.dp_group(0)
         grads = params[0] * gb
         dp_total = dp_exposed = 0.0
         if dp > 1:
             if c.zero == 3:  # every layer's weights gathered for F and B, gradients scattered, per micro-batch
                 n_layers = max(layers)
-                gather_w = self.collective_s("all_gather", "dp", dp_group, tf.layer_params(d) / t * eb)
+                gather_w = self.collective_s("all_gather", "dp", dp_group, layer_weights)
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
                 sync, after = 0.0, m * n_layers * (2 * gather_w + scatter) * (1 + (p - 1) / (v * m))
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
@@ -389,7 +390,7 @@ class Estimator:
                 per_mb = layers[0] * scatter + (self.collective_s("reduce_scatter", "dp", dp_group, rest)
                                                 if rest > 0 else 0.0)
                 sync = m * per_mb
-                after = self._param_gather_s(dp_group, held * eb, tf.layer_params(d) / t * eb)
+                after = self._param_gather_s(dp_group, held * eb, layer_weights)
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     exposed = max(scatter, sync - m * period)
                     slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads)
@@ -401,7 +402,7 @@ class Estimator:
                 whole = c.zero == 0 or zero1_all_reduces_grads(ks, self.precision)
                 op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
-                after = self._param_gather_s(dp_group, held * eb, tf.layer_params(d) / t * eb) if c.zero == 1 else 0.0
+                after = self._param_gather_s(dp_group, held * eb, layer_weights) if c.zero == 1 else 0.0
                 if self.overlap_grad_sync:
                     overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
                     last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)

@@ -215,7 +215,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     host = ks.host_dispatch_us * 1e-6
     fwd = sw.blocks(cost, lo.forward, host_s=host)
     bwd = sw.blocks(cost, lo.backward_input, host_s=host)
-    wgt = sw.weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes)
+    fsdp = sw.fsdp_flat(ks, par.zero) and par.data * par.cp > 1
+    wgt = sw.weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes, fsdp)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
@@ -248,8 +249,15 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
     # While a full-checkpointing segment of `every` layers is recomputed, their activations are live again.
     workspace = ck.every * full_layer_act if ck.kind == "full" else 0.0
+    def fsdp_kernels(params: float) -> dict[str, float]:
+        """FSDP's DP-stream kernels around a unit of ``params`` parameters (none for other stacks)."""
+        if not fsdp:
+            return {}
+        return {"pre_reduce_s": sw.fsdp_pre_reduce_s(cost, params * gbytes),
+                "pre_gather_s": sw.fsdp_pre_gather_s(cost, params * ebytes, ebytes, par.data * par.cp)}
+
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
-                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes)
+                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes, **fsdp_kernels(layer_params))
     emb = tf.embedding_ops(dl, **kw)
     head = tf.head_ops(dl, **kw, persistent_norm=pnorm)
     emb_params = tf.embedding_params(d) / t
@@ -264,7 +272,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     send = activation / t if split_p2p else activation
     gather = activation if (t > 1 and ks.scatter_gather_p2p and not sp and vsn > 1) else 0.0
     # The embedding's gradient is a dense V/t × h tensor accumulated into main_grad by a hook (never fused).
-    emb_accumulate = sw.accumulate_block(cost, emb_params, gbytes, ebytes, ks, force=True)
+    emb_accumulate = sw.accumulate_block(cost, emb_params, gbytes, ebytes, ks, force=True, fsdp=fsdp)
     chunks = []
     for vs, ids in enumerate(parts):
         works = []
@@ -273,16 +281,18 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                    sw.blocks(cost, emb.backward_input, host_s=host),
                                    sw.op_block(cost, "wgrad", emb.backward_weight, host) + emb_accumulate, (),
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
-                                   activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1)))
+                                   activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1),
+                                   **fsdp_kernels(emb_params)))
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
             logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
             works.append(LayerWork("head", sw.blocks(cost, head.forward, host_s=host),
                                    sw.blocks(cost, head.backward_input, host_s=host),
-                                   sw.weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes), (),
+                                   sw.weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes,
+                                                    fsdp), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
-                                   activation_bytes=logits_act))
+                                   activation_bytes=logits_act, **fsdp_kernels(head_params)))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
     info = JobInfo(tokens_per_sample=m.seq_len)
     gb = tr.global_batch
@@ -317,15 +327,17 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         # gather does not multiply it again) and, with a pipeline, the two p2p activation buffers.
         buf = 2 * _bucket_bytes(scenario, gbytes) if par.zero < 3 else 2 * layer_params * ebytes
         buf_by_stage.append(buf + (2 * send if vsn > 1 else 0.0))  # no pipeline, no p2p buffers
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage, gbytes,
-                                            expert_by_stage if moe is not None else None)
+    # FSDP reduces 16-bit gradients into its fp32 shards (the parameters' own dtype).
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage, buf_by_stage,
+                                            4 if fsdp else gbytes, expert_by_stage if moe is not None else None)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
-    # Every kernel set is a Megatron-family stack: its step is a norm pass, fused Adam, the copy to the
-    # 16-bit model and zeroing the main-grad buffer (the unscale pass only with loss scaling).
+    # A Megatron-family step is a norm pass, fused Adam, the copy to the 16-bit model and zeroing the
+    # main-grad buffer; PyTorch/Composer's an unfused Adam and a scaling clip (the unscale pass only with
+    # loss scaling).
     held = max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True))
     _, unscale = sw.optimizer_block(cost, scenario, held)
     opt_block, clip = sw.megatron_optimizer(cost, precision=dtype, optimizer=tr.optimizer, params_per_gpu=held,
-                                         data=par.data, zero=par.zero, gbytes=gbytes)
+                                         data=par.data, zero=par.zero, gbytes=gbytes, ks=ks)
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.bucket_bytes = _bucket_bytes(scenario, gbytes)

@@ -608,3 +608,69 @@ def test_b200_attention_is_cudnns_gb200_figure_at_the_hgx_peak() -> None:
     assert cost.op_time_s(fwd) - b200.kernel_launch_s == pytest.approx(fwd.flops / 2 / (1574e12 * scale), rel=1e-3)
     assert cost.op_time_s(bwd) - b200.kernel_launch_s == pytest.approx(bwd.flops * 1.25 / 2 / (1332e12 * scale),
                                                                        rel=1e-3)
+
+
+def _fsdp(**over):
+    """A 1-node FSDP (ZeRO-3, FULL_SHARD) job under the PyTorch/Composer stack, 2 micro-batches."""
+    kw = dict(parallel__zero=3, parallel__pipeline=1, parallel__data=8, parallel__tensor=1, cluster__nodes=1,
+              training__global_batch=32, training__kernels="pytorch-fsdp-2023", simulation__symmetry="off")
+    return scenario_from_dict(_tiny(**{**kw, **over}))
+
+
+def test_pytorch_fsdp_step_work_by_hand() -> None:
+    """Composer's DecoupledAdamW moves 80 bytes per fp32 shard parameter (no 16-bit copy, nothing to zero);
+    FSDP's clip_grad_norm_ reads each fp32 shard gradient and scales it (4 + 8); FSDP's backward copies
+    each layer's gradients into the flat gradient (2 + 2 bytes per bf16 element) where Megatron
+    accumulates into main_grad; the gradients reduce in bf16."""
+    from sim.engine.timeline import FSDP_COPY
+
+    sc = _fsdp()
+    cost = cost_model_for(sc)
+    job, info = build_job(sc, cost)
+    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
+    launch = sc.gpu.kernel_launch_s
+    d = sc.model
+    dims = tf.TransformerDims(layers=d.layers, hidden=d.hidden, heads=d.heads, ffn_hidden=d.ffn_hidden,
+                              vocab=d.vocab, seq_len=d.seq_len)
+    params = info.memory_by_stage[0]["weights"] / 4 * 8  # FSDP's fp32 shard: 4 bytes per parameter over dp
+    assert params == pytest.approx(tf.model_params(dims), rel=1e-3)
+    assert job.optimizer.dur_s == pytest.approx(params / 8 * 80 / bw + launch, rel=1e-9)
+    assert job.clip.dur_s == pytest.approx(params / 8 * 12 / bw + launch, rel=1e-9)
+    layer = job.chunks[0].layers[1]
+    assert layer.name == "L0"
+    copy = [b for b in layer.weight if b.category == FSDP_COPY]
+    assert len(copy) == 1 and not any(b.category == GRAD_ACCUM for b in layer.weight)
+    assert copy[0].dur_s == pytest.approx(tf.layer_params(dims) * 4 / bw + launch, rel=1e-9)
+    assert job.grad_elem_bytes == 2 and layer.grad_bytes == tf.layer_params(dims) * 2
+    # Its DP-stream kernels: the pre-divide reads and writes the unsharded bf16 gradient; the cast reads
+    # the fp32 shard and writes its bf16 copy.
+    assert layer.pre_reduce_s == pytest.approx(tf.layer_params(dims) * 2 * 2 / bw + launch, rel=1e-9)
+    assert layer.pre_gather_s == pytest.approx(tf.layer_params(dims) / 8 * 6 / bw + launch, rel=1e-9)
+    # Memory: FSDP's fp32 shard is the weights and the master at once, its gradients fp32 too (4 + 4 + 8).
+    mem0 = info.memory_by_stage[0]
+    assert mem0["gradients"] == pytest.approx(params / 8 * 4) and mem0["optimizer"] == pytest.approx(params)
+
+
+def test_pytorch_fsdp_kernels_are_on_the_timeline() -> None:
+    """Every layer's reduce-scatter follows its pre-divide on the DP stream, every all-gather its shard
+    cast (two gathers per layer and micro-batch: forward and backward); each is an ``fsdp_copy`` span."""
+    from sim.engine.executor import STREAM_DP
+    from sim.engine.timeline import FSDP_COPY
+
+    sc = _fsdp()
+    r = simulate(sc)
+    mine = [s for s in r.timeline.spans if s.gpu == 0]
+    dp = sorted((s for s in mine if s.stream == STREAM_DP), key=lambda s: s.start_s)
+    pre = [s for s in dp if s.category == FSDP_COPY]
+    m = sc.microbatches
+    units = 8 + 1  # the layers and the embedding (its tied head holds no parameters of its own)
+    assert sum(s.name == "grad predivide" for s in pre) == m * units
+    assert sum(s.name == "shard cast" for s in pre) == 2 * m * units
+    for a, b in zip(dp, dp[1:], strict=False):  # each pre-kernel runs right before its collective
+        if a.category == FSDP_COPY:
+            assert b.category == COMM_DP and b.start_s == pytest.approx(a.end_s, abs=1e-12)
+            assert b.args["op"] == ("reduce_scatter" if a.name == "grad predivide" else "all_gather")
+    assert any(s.category == FSDP_COPY and s.name.endswith("flat grad copy") for s in mine)
+    # The same job under Megatron's kernels has none of them.
+    other = simulate(_fsdp(training__kernels="transformer-engine"))
+    assert not any(s.category == FSDP_COPY for s in other.timeline.spans)

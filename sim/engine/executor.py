@@ -42,6 +42,7 @@ from sim.engine.timeline import (
     COMM_TP,
     COMPUTE,
     FORWARD,
+    FSDP_COPY,
     INTERFERENCE,
     OPTIMIZER,
     RECOMPUTE,
@@ -572,7 +573,8 @@ class TrainingExecutor:
                         # reduces in every backward when partition_gradients, stage 1 only at the
                         # accumulation boundary; FSDP reduce-scatters per backward outside no_sync()).
                         if has_grads and job.zero >= 2 and job.overlap_grad_sync:
-                            dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step))
+                            dp_events.append(self._dp_sync(g, "reduce_scatter", lw.grad_bytes, step,
+                                                           pre_s=lw.pre_reduce_s))
                             if lw.expert_grad_bytes > 0:  # MoE: the experts' shard, over the expert-DP group
                                 dp_events.append(self._dp_sync(g, "reduce_scatter", lw.expert_grad_bytes, step,
                                                                kind="edp"))
@@ -655,10 +657,19 @@ class TrainingExecutor:
                 last[a.chunk] = i
         return set(last.values())
 
-    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int, kind: str = "dp") -> simpy.Event:
+    def _pre_kernel(self, g: int, name: str, dur_s: float):
+        """A kernel FSDP runs on its DP stream before a collective (``LayerWork.pre_reduce_s``)."""
+        start = self.env.now
+        yield self.env.timeout(dur_s)
+        self.world.span(g, STREAM_DP, name, FSDP_COPY, start)
+
+    def _dp_sync(self, g: int, op: str, size_bytes: float, step: int, kind: str = "dp",
+                 pre_s: float = 0.0) -> simpy.Event:
         env, world = self.env, self.world
 
         def body():
+            if pre_s > 0:
+                yield from self._pre_kernel(g, "grad predivide", pre_s)
             start = env.now
             share = self._comm_begin(g, kind, op, size_bytes)
             alg = yield from self._collective(g, kind, op, size_bytes)
@@ -681,7 +692,7 @@ class TrainingExecutor:
 
         def submit(i: int) -> None:
             if i < len(layers) and i not in events:
-                events[i] = self._dp_gather(g, layers[i].param_bytes)
+                events[i] = self._dp_gather(g, layers[i].param_bytes, layers[i].pre_gather_s)
 
         def get(i: int) -> simpy.Event:
             submit(i)
@@ -722,10 +733,12 @@ class TrainingExecutor:
         dispatch(1)
         return get
 
-    def _dp_gather(self, g: int, size_bytes: float) -> simpy.Event:
+    def _dp_gather(self, g: int, size_bytes: float, pre_s: float = 0.0) -> simpy.Event:
         env, world = self.env, self.world
 
         def body():
+            if pre_s > 0:
+                yield from self._pre_kernel(g, "shard cast", pre_s)
             start = env.now
             share = self._comm_begin(g, "dp", "all_gather", size_bytes)
             alg = yield from self._collective(g, "dp", "all_gather", size_bytes)

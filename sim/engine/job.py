@@ -45,6 +45,10 @@ class LayerWork:
     activation_bytes: float = 0.0  # kept per micro-batch until the backward
     workspace_bytes: float = 0.0  # live while this layer's checkpointed segment is recomputed (full checkpointing)
     expert_grad_bytes: float = 0.0  # MoE: gradients of this GPU's experts (summed over the expert-DP group)
+    # PyTorch FSDP's kernels on its DP streams (KernelSet.fsdp_flat_param): the pre-divide of the unsharded
+    # gradient before the layer's reduce-scatter, the cast of the fp32 shard before each all-gather.
+    pre_reduce_s: float = 0.0
+    pre_gather_s: float = 0.0
 
 
 @dataclass(frozen=True)

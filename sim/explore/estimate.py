@@ -34,6 +34,9 @@ from sim.training.step_work import (
     accumulate_block,
     blocks,
     dense_layer_ops,
+    fsdp_flat,
+    fsdp_pre_gather_s,
+    fsdp_pre_reduce_s,
     grad_bucket_bytes,
     main_grad_bytes,
     megatron_optimizer,
@@ -230,9 +233,10 @@ class Estimator:
         return list(range(t))
 
     # ---- per-layer times (cached per tensor width, micro-batch, SP, checkpointing, W apart or not) ----
-    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str, schedule: str) -> _LayerTimes:
+    def _layer_times(self, t: int, b: int, sp: bool, ckpt: str, schedule: str, fsdp: bool = False) -> _LayerTimes:
         """Per-layer times; ``schedule`` only as far as it decides the backward's TP overlap (the cache
-        key uses "1f1b" for every schedule that runs weight gradients in the backward)."""
+        key uses "1f1b" for every schedule that runs weight gradients in the backward); ``fsdp``: ZeRO-3 as
+        PyTorch FSDP runs it (``fsdp_flat``: the flat-grad copy instead of the main_grad accumulation)."""
         d, dtype, cost, host, ks = self.dims, self.precision, self.cost, self.host_s, self.kernels
         m = self.model
         kw = dict(micro_batch=b, tp=t, sequence_parallel=sp, dtype=dtype)
@@ -261,7 +265,7 @@ class Estimator:
 
         fwd = blocks(cost, lo.forward, host_s=host)
         bwd = blocks(cost, lo.backward_input, host_s=host)
-        wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gb, eb)
+        wgt = weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gb, eb, fsdp)
         if ckpt == "full":
             recompute = fwd
         elif ckpt == "selective":
@@ -274,9 +278,9 @@ class Estimator:
         emb_params = tf.embedding_params(d) / t
         emb_blocks = (blocks(cost, emb.forward, host_s=host) + blocks(cost, emb.backward_input, host_s=host)
                       + op_block(cost, "wgrad", emb.backward_weight, host)
-                      + accumulate_block(cost, emb_params, gb, eb, ks, force=True))
+                      + accumulate_block(cost, emb_params, gb, eb, ks, force=True, fsdp=fsdp))
         head_blocks = (blocks(cost, head.forward, host_s=host) + blocks(cost, head.backward_input, host_s=host)
-                       + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb))
+                       + weight_blocks(cost, head.backward_weight, emb_params, ks, gb, eb, fsdp))
         return _LayerTimes(
             fwd=k * _dur(fwd),
             bwd=k * (_dur(bwd) + _dur(wgt)),
@@ -341,7 +345,8 @@ class Estimator:
         d, t, p, v, b, dp = self.dims, c.tensor, c.pipeline, c.virtual_stages, c.micro_batch, c.data
         sp = c.sequence_parallel and t > 1
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
-        lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b")
+        fsdp = fsdp_flat(ks, c.zero) and dp > 1
+        lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b", fsdp)
         lay = Layout(dp=dp, tp=t, pp=p)
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute
@@ -383,6 +388,9 @@ class Estimator:
                 n_layers = max(layers)
                 gather_w = self.collective_s("all_gather", "dp", dp_group, layer_weights)
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
+                if fsdp:  # FSDP's kernels on its DP streams: the shard casts and the gradient pre-divide
+                    gather_w += fsdp_pre_gather_s(self.cost, layer_weights, eb, dp)
+                    scatter += fsdp_pre_reduce_s(self.cost, layer_grads)
                 sync, after = 0.0, m * n_layers * (2 * gather_w + scatter) * (1 + (p - 1) / (v * m))
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
@@ -422,7 +430,7 @@ class Estimator:
             emb_bytes = -(-d.vocab // t) * d.hidden * gb
             tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)
         opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.training.optimizer,
-                                       params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb)
+                                       params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb, ks=ks)
         mp_group = lay.mp_group(0)
         tail += self.slowest * opt.dur_s
         if self.training.loss_scaling.kind != "none":

@@ -33,6 +33,7 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.COMPUTE: "#AAAAAA",  # grey: anything else on a compute stream
     tl.GRAD_ACCUM: "#88CCEE",  # cyan: per-micro-batch gradient accumulation
     tl.CLIP_GRAD: "#AA4499",  # purple: gradient-norm pass
+    tl.FSDP_COPY: "#A6761D",  # ochre: FSDP's flat-grad copy, pre-divide and shard cast
     tl.DATA: "#DDDDDD",  # pale grey: loading a micro-batch
     tl.INTERFERENCE: "#FF6666",  # light red: compute lost to overlapped communication
     tl.COMM_TP: "#999933",  # olive
@@ -55,6 +56,7 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.COMPUTE: "other compute",
     tl.GRAD_ACCUM: "grad accumulation",
     tl.CLIP_GRAD: "grad-norm clipping",
+    tl.FSDP_COPY: "FSDP copies",
     tl.DATA: "data loading",
     tl.INTERFERENCE: "slowed by comm",
     tl.COMM_EMB: "embedding grad all-reduce",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sim.cost.base import CostModel
 from sim.engine.job import Block
-from sim.engine.timeline import CLIP_GRAD, GRAD_ACCUM
+from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM
 from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import FULL_PRECISIONS, MB
 from sim.workload.kernels import (
@@ -40,6 +40,17 @@ OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", Tr
 FUSED_ADAM_BYTES_PER_PARAM = 28
 COPY_TO_16BIT_BYTES_PER_PARAM = 6
 CLIP_NORM_BYTES_PER_GRAD = 4
+# An optimizer run as one torch kernel per arithmetic step (KernelSet.optimizer_impl "unfused"), per fp32
+# parameter. Adam as Composer's DecoupledAdamW.adamw does it (composer/optim/decoupled_weight_decay.py,
+# 2023; no weight decay, as llm-foundry's MPT yamls set 0): exp_avg.mul_ (r 4, w 4), .add_(grad) (r 8,
+# w 4), exp_avg_sq.mul_ (r 4, w 4), .addcmul_(grad, grad) (r 8 - the same gradient element twice - w 4),
+# sqrt (r 4, w 4), / sqrt(bias_correction2) (r 4, w 4), .add_(eps) (r 4, w 4), param.addcdiv_(exp_avg,
+# denom) (r 12, w 4): 48 read + 32 written. SGD with momentum (torch.optim.SGD's per-tensor loop):
+# buf.mul_ (r 4, w 4), .add_(grad) (r 8, w 4), param.add_(buf) (r 8, w 4).
+UNFUSED_OPTIMIZER_BYTES_PER_PARAM = {"adam": 80, "sgd": 32}
+# torch's and FSDP's clip_grad_norm_ scale every gradient by the clamped coefficient (grad.mul_: read and
+# write each element once more) after the norm pass.
+CLIP_SCALE_BYTES_PER_GRAD = 8
 # Host→device copy of a micro-batch's int64 tokens and labels (Megatron's get_batch): PCIe 4.0 x16,
 # ~25 GB/s achieved of 31.5 GB/s (PCI-SIG rate; NVIDIA bandwidthTest figures on DGX A100).
 H2D_Bps = 25e9
@@ -129,14 +140,26 @@ def reduced_grad_bytes(scenario: Scenario) -> int:
     return grad_elem_bytes(tr.precision)
 
 
+def fsdp_flat(ks: KernelSet, zero: int) -> bool:
+    """Whether ZeRO-3 runs as PyTorch FSDP's FlatParameter (``KernelSet.fsdp_flat_param``)."""
+    return ks.fsdp_flat_param and zero == 3
+
+
 def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
-                      force: bool = False) -> tuple[Block, ...]:
+                      force: bool = False, fsdp: bool = False) -> tuple[Block, ...]:
     """The per-micro-batch ``main_grad.add_(grad)`` pass: read the new gradient and the accumulator, write
     the accumulator. Absent when the wgrad GEMM accumulates in place (gradient-accumulation fusion),
     unless ``force`` (parameters the fusion does not cover, e.g. embeddings). DeepSpeed's bf16 optimizer
     casts the gradient into an fp32 temporary first (``grad_accum_via_temporary``): two kernels, and the
-    temporary is written and read back."""
-    if params <= 0 or (ks.gradient_accumulation_fusion and not force):
+    temporary is written and read back. Under FSDP's FlatParameter (``fsdp``) there is no main_grad: the
+    backward of the split views copies the gradients into one flat gradient instead (read and write each
+    16-bit element), and the accumulation happens on the reduced shard."""
+    if params <= 0:
+        return ()
+    if fsdp:
+        op = elementwise("flat grad copy", params * 2 * ebytes, "fp32")
+        return (Block("flat grad copy", cost.op_time_s(op), category=FSDP_COPY),)
+    if ks.gradient_accumulation_fusion and not force:
         return ()
     if ks.grad_accum_via_temporary and gbytes > ebytes:
         ops = [elementwise("grad to fp32 temporary", params * (ebytes + gbytes), "fp32"),
@@ -193,20 +216,47 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
 
 
 def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,
-                   ebytes: int) -> tuple[Block, ...]:
-    """Weight-gradient GEMMs (``fused_wgrad``) and their accumulation into main_grad."""
+                   ebytes: int, fsdp: bool = False) -> tuple[Block, ...]:
+    """Weight-gradient GEMMs (``fused_wgrad``) and their accumulation into main_grad (FSDP: the flat-grad
+    copy, ``accumulate_block``)."""
     wgrads = tuple(fused_wgrad(op, ks, gbytes, ebytes) for op in wgrads)
     return (op_block(cost, "wgrad", wgrads, ks.host_dispatch_us * 1e-6)
-            + accumulate_block(cost, params, gbytes, ebytes, ks))
+            + accumulate_block(cost, params, gbytes, ebytes, ks, fsdp=fsdp))
+
+
+def fsdp_pre_reduce_s(cost: CostModel, grad_bytes: float) -> float:
+    """FSDP's pre-divide before a reduce-scatter: ``div_`` over the whole unsharded gradient (read and
+    write it once) on the post-backward stream."""
+    return cost.op_time_s(elementwise("grad predivide", 2 * grad_bytes, "fp32"))
+
+
+def fsdp_pre_gather_s(cost: CostModel, param_bytes: float, ebytes: int, data: int) -> float:
+    """FSDP's cast of this rank's fp32 shard to the compute dtype before an all-gather (read 4, write
+    ``ebytes`` per shard element) on the unshard stream."""
+    shard = param_bytes / ebytes / data
+    return cost.op_time_s(elementwise("shard cast", shard * (4 + ebytes), "fp32"))
 
 
 def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, params_per_gpu: float, data: int,
-                       zero: int, gbytes: int) -> tuple[Block, Block]:
-    """(optimizer, gradient-norm) blocks of a Megatron step over this GPU's shard (see the byte counts
-    above). The planner's screen prices the step with this too."""
+                       zero: int, gbytes: int, ks: KernelSet | None = None) -> tuple[Block, Block]:
+    """(optimizer, gradient-norm) blocks of a step over this GPU's shard as the kernel set runs it (see
+    the byte counts above; Megatron's fused kernels when ``ks`` is None). The planner's screen prices the
+    step with this too."""
     mixed = precision not in FULL_PRECISIONS
     shard = params_per_gpu / (data if zero >= 1 else 1)
     grads = params_per_gpu / (data if zero >= 2 else 1)
+    kind = "sgd" if optimizer == "sgd" else "adam"
+    if ks is not None and ks.optimizer_impl == "unfused":
+        # fp32 parameters, gradients and moments (FSDP keeps its shards' gradients in the parameters'
+        # fp32; the 16-bit copy is the all-gather's cast), zero_grad(set_to_none=True): nothing to zero.
+        opt = op_block(cost, "optimizer step", [elementwise(f"{optimizer} step (unfused)",
+                                                            shard * UNFUSED_OPTIMIZER_BYTES_PER_PARAM[kind],
+                                                            "fp32")])[0]
+        grad_bytes = 4 if ks.fsdp_flat_param and zero == 3 else gbytes
+        per_grad = CLIP_NORM_BYTES_PER_GRAD * grad_bytes / 4 + (CLIP_SCALE_BYTES_PER_GRAD * grad_bytes / 4
+                                                                  if ks.clip_always_scales else 0)
+        norm = elementwise("grad norm", grads * per_grad, "fp32")
+        return opt, Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
     if optimizer == "sgd" or not mixed:
         opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
             ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]

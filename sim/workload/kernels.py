@@ -50,6 +50,23 @@ Sources (public code, read at the period named):
   overlaps the column-parallel collectives with the GEMMs as Megatron does (no userbuffers overlap of
   the forward's collectives is modelled). Its norms are its own persistent kernels (descended from apex
   contrib's FastLayerNorm).
+- pytorch-fsdp-2023: PyTorch 2.1 eager with FSDP (its FlatParameter implementation) and MosaicML Composer,
+  as llm-foundry ran its 2023 benchmarks (scripts/train/benchmarking: ``fsdp_config`` FULL_SHARD,
+  ``mixed_precision`` PURE or DEFAULT, ``low_precision_layernorm``, the Triton or
+  FlashAttention kernels). Read from torch/distributed/fsdp (_flat_param.py, _runtime_utils.py,
+  _init_utils.py) and composer/optim/decoupled_weight_decay.py of that period:
+  each FSDP unit's parameters are ``torch.split`` views of one flat tensor, so autograd's backward of the
+  split concatenates the unit's gradients into a new flat gradient (a copy: 2 + 2 bytes per 16-bit
+  element); before the reduce-scatter ``_reduce_grad`` divides that whole unsharded gradient by the
+  pre-divide factor (``DefaultState._get_gradient_predivide_factor``: > 1 for every world size > 1), and
+  before each all-gather the fp32 shard is cast to the 16-bit compute dtype (4 + 2 bytes per shard
+  element); gradients reduce in the 16-bit dtype (PURE sets it; under DEFAULT, which leaves
+  ``reduce_dtype`` unset, FSDP takes ``param_dtype``: ``_init_param_reduce_dtypes``) and land in fp32
+  shards. Composer's
+  ``DecoupledAdamW.adamw`` updates each parameter with separate torch kernels (mul_, add_, mul_, addcmul_,
+  sqrt, div, add_, addcdiv_: 80 bytes per fp32 parameter, see ``UNFUSED_OPTIMIZER_BYTES_PER_PARAM``), and
+  FSDP's ``clip_grad_norm_`` multiplies every gradient by the clamped coefficient whatever the norm.
+  Gradients accumulate on the fp32 shard after each reduce-scatter (no full-size main_grad).
 - The norm kernels' speeds, by family, are the GPU reference profile's (``sim.workload.ops.MEMORY_FAMILIES``).
 """
 
@@ -93,6 +110,16 @@ class KernelSet:
     # attention/dot_product_attention/utils.py, get_attention_backend): priced by the GPU profile's
     # ``flash_attention_te`` fit where it has one, else by its own.
     te_attention: bool = False
+    # The optimizer step's kernels: "fused" (apex FusedAdam / multi-tensor apply: each tensor read and
+    # written once) or "unfused" (one torch kernel per arithmetic step, e.g. Composer's DecoupledAdamW).
+    optimizer_impl: str = "fused"
+    # Gradient clipping multiplies every gradient by the clamped coefficient (torch's clip_grad_norm_ and
+    # FSDP's), not only when the norm exceeds the threshold (Megatron's clip_grad_norm_fp32).
+    clip_always_scales: bool = False
+    # ZeRO-3 runs as PyTorch FSDP's FlatParameter does (module docstring): a flat-gradient copy in each
+    # backward, a pre-divide over the unsharded gradient before each reduce-scatter, a cast of the shard
+    # before each all-gather.
+    fsdp_flat_param: bool = False
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -133,6 +160,14 @@ KERNEL_SETS: dict[str, KernelSet] = {
             te_attention=True,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
+        ),
+        KernelSet(
+            name="pytorch-fsdp-2023", attention="flash", attention_dropout_kernel=False,
+            gradient_accumulation_fusion=False, grad_reduce_fp32=False, overlap_grad_reduce=True,
+            blocking_p2p=False, scatter_gather_p2p=False, norm_kernel="framework", optimizer_impl="unfused",
+            clip_always_scales=True, fsdp_flat_param=True,
+            description="PyTorch 2.1 eager + FSDP (FlatParameter, bf16 mixed precision) + Composer, as llm-foundry ran "
+                        "in 2023: torch kernels, unfused AdamW, bf16 gradient reduce-scatter",
         ),
     )
 }

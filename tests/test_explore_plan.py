@@ -69,8 +69,8 @@ def test_candidates_obey_the_layout_rules():
     assert candidate_of(sc) in cands  # the shipped layout is in the search space
 
 
-# Layouts of HAND_1P3B's cluster (2 nodes × 4 A100, HDR): pipeline, interleaving, ZeRO, SP, data-parallel
-# across nodes, GPipe. The screen prices the simulation's own blocks and the tuner's collectives, so only
+# Layouts of HAND_1P3B's cluster (2 nodes × 4 A100, HDR): pipeline, interleaving, ZeRO (3 too), SP,
+# data-parallel across nodes, GPipe. The screen prices the simulation's own blocks and the tuner's collectives, so only
 # its pipeline closed form (bubble, exposed gradient sync) separates it from the simulation.
 SCREEN_LAYOUTS = (
     Candidate(2, 2, 2, 2, "1f1b", 1, 0, "full", False),
@@ -79,6 +79,8 @@ SCREEN_LAYOUTS = (
     Candidate(8, 1, 1, 4, "1f1b", 1, 0, "none", False),
     Candidate(4, 2, 1, 4, "1f1b", 1, 2, "none", True),
     Candidate(1, 4, 2, 4, "gpipe", 1, 0, "selective", True),
+    Candidate(8, 1, 1, 4, "1f1b", 1, 3, "none", False),  # ZeRO-3 across the nodes: gathers one layer ahead
+    Candidate(4, 2, 1, 2, "1f1b", 1, 3, "selective", True),
 )
 SCREEN_TOLERANCE = 0.05  # the screen's step time vs the full simulation (measured: within 3.4 %)
 
@@ -92,6 +94,16 @@ def test_closed_form_screen_agrees_with_the_simulation(tmp_path, c):
     assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE), c.label()
     assert est.exact_memory(c)["peak"] == pytest.approx(summary["memory_bytes"]["peak"], rel=1e-9)
     assert e.states_bytes <= summary["memory_bytes"]["peak"]
+
+
+@pytest.mark.parametrize("c", [c for c in SCREEN_LAYOUTS if c.zero == 3], ids=lambda c: c.label())
+def test_screen_agrees_with_the_simulation_under_pytorch_fsdp(tmp_path, c):
+    """ZeRO-3 as PyTorch FSDP runs it (its flat-grad copy, pre-divide and shard casts, bf16 reduction,
+    unfused AdamW): the screen prices the same blocks and DP-stream kernels the simulation runs."""
+    base = write(tmp_path, {**with_changes(HAND_1P3B, training={"kernels": "pytorch-fsdp-2023"}), "name": "hand-fsdp"})
+    summary = simulate(load_scenario(base, c.overrides())).summary
+    e = Estimator(load_scenario(base)).estimate(c)
+    assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE), c.label()
 
 
 def test_screen_prices_collectives_with_the_simulators_tuner(tmp_path):

@@ -392,6 +392,15 @@ class Estimator:
                     gather_w += fsdp_pre_gather_s(self.cost, layer_weights, eb, dp)
                     scatter += fsdp_pre_reduce_s(self.cost, layer_grads)
                 sync, after = 0.0, m * n_layers * (2 * gather_w + scatter) * (1 + (p - 1) / (v * m))
+                # The executor gathers one layer ahead (FSDP's prefetch) and, with overlap_grad_sync,
+                # reduce-scatters each layer beside the rest of the backward: exposed stay each action's
+                # first gather (forward and backward, per chunk), the step's last reduce-scatter (every
+                # one without overlap) and what the DP stream needs beyond the pipeline's own time; its
+                # NCCL kernels slow the compute they run beside.
+                scatters = scatter if self.overlap_grad_sync else m * v * n_layers * scatter
+                exposed = min(after, 2 * v * m * gather_w + scatters + max(0.0, after - pipe))
+                zero3_exposed = exposed + (after - exposed) * self.sm_share_of("all_gather", "dp", dp_group,
+                                                                                layer_weights)
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
                 rest = grads - layers[0] * layer_grads  # the embedding's (and head's) gradients
@@ -421,7 +430,7 @@ class Estimator:
                 else:
                     dp_exposed = sync + after
             if c.zero == 3:
-                dp_exposed = sync + after
+                dp_exposed = zero3_exposed
             dp_total = sync + after
         # Step end: tied embeddings' gradient all-reduce between first and last stage, loss-scale unscale,
         # gradient norm (its model-parallel and, with ZeRO, data-parallel 4-byte all-reduces), optimizer.

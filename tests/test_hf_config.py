@@ -106,3 +106,25 @@ def test_scenario_from_hf_config_runs_and_resolves(tmp_path):
     assert "hf_config" not in text
     (tmp_path / "r.yaml").write_text(text)
     assert load_scenario(tmp_path / "r.yaml") == sc
+
+
+def test_alibi_families_read_as_alibi(tmp_path):
+    """BLOOM and MPT configs (the keys of their public config.json files, dimensions here of BLOOM-176B
+    and MPT-7B) read as ALiBi models: no position table, so the embedding holds V·h parameters."""
+    from sim.workload import transformer as tf
+
+    bloom = {"model_type": "bloom", "n_layer": 70, "hidden_size": 14336, "n_head": 112, "vocab_size": 250880,
+             "seq_length": 2048, "hidden_dropout": 0.0, "attention_dropout": 0.0}
+    mpt = {"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "expansion_ratio": 4,
+           "max_seq_len": 2048, "vocab_size": 50432, "no_bias": True,
+           "attn_config": {"alibi": True, "attn_pdrop": 0.0}, "resid_pdrop": 0.0, "emb_pdrop": 0.0}
+    for cfg, expect in ((bloom, (70, 4 * 14336, True)), (mpt, (32, 4 * 4096, False))):
+        folder = tmp_path / cfg["model_type"]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        m = _model(hf_config=str(folder))
+        assert (m.layers, m.ffn_hidden, m.bias) == expect
+        assert m.position == "alibi" and m.dropout == 0.0
+        d = tf.TransformerDims(layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden,
+                               vocab=m.vocab, seq_len=m.seq_len, position=m.position)
+        assert tf.embedding_params(d) == m.vocab * m.hidden

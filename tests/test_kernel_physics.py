@@ -143,6 +143,34 @@ def test_standard_attention_is_slower_than_flash_for_gpt3_layers() -> None:
     assert softmax.bytes == 2 * 2 * (96 // 8) * 2048 * 2048
 
 
+def test_alibi_under_standard_attention_writes_and_reads_the_scores_once_more() -> None:
+    """BLOOM's ALiBi enters as baddbmm's broadcast input with beta = 1: the bias is copied into the whole
+    b·heads·s² output (2 bytes each) and cuBLAS reads it back as C, so the forward moves 2 + 2 bytes per
+    score more than with learned positions; the FLOPs do not change and flash attention is unaffected."""
+    import dataclasses
+
+    cost = RooflineCostModel(A100)
+    alibi = dataclasses.replace(GPT3, position="alibi")
+
+    def fwd(d):
+        lo = tf.layer_ops(d, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16", attention="standard",
+                          attention_dropout_kernel=True)
+        return {op.name: op for s in lo.forward for op in s.ops}
+
+    plain, biased = fwd(GPT3), fwd(alibi)
+    scores = (96 // 8) * 2048 * 2048
+    assert biased["attention.alibi_bias"].bytes == 2 * scores
+    assert biased["attention.scores"].bytes - plain["attention.scores"].bytes == 2 * scores
+    assert biased["attention.scores"].flops == plain["attention.scores"].flops
+    assert set(biased) - set(plain) == {"attention.alibi_bias"}
+    extra = sum(cost.op_time_s(op) for op in biased.values()) - sum(cost.op_time_s(op) for op in plain.values())
+    assert extra >= 2 * scores / cost.memory_Bps()
+    assert tf.embedding_params(alibi) == GPT3.vocab * GPT3.hidden  # no position table
+    flash = [tf.layer_ops(d, micro_batch=1, tp=8, sequence_parallel=False, dtype="bf16", attention="flash")
+             for d in (GPT3, alibi)]
+    assert flash[0].forward == flash[1].forward
+
+
 def test_compute_overlapping_a_collective_slows_by_the_sms_it_loses() -> None:
     """Two layers, DDP overlap: layer 1's gradients are all-reduced while layer 0's backward runs. With
     slowdown x, that backward does C/(1+x) of work during the all-reduce's C seconds, the rest at full

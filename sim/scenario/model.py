@@ -209,7 +209,9 @@ class TransformerModel(_Strict):
     mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type (swiglu has three weight matrices)")
     bias: bool = Field(True, description="linear layers have biases (GPT-3: yes; Llama: no)")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
-    position: Literal["learned", "rope"] = Field("learned", description="position embedding")
+    position: Literal["learned", "rope", "alibi"] = Field(
+        "learned", description="position embedding: learned (a seq_len × hidden table), rope (rotary: no "
+        "weights) or alibi (a bias on the attention scores, no weights; BLOOM, MPT)")
     tied_embeddings: bool = Field(True, description="output projection shares the embedding weights")
     dropout: float = Field(
         0.1, ge=0.0, lt=1.0, description="hidden and attention dropout probability (Megatron's default 0.1; "

@@ -6,6 +6,7 @@ What selective recomputation re-runs is exactly these ops (``is_attention_core``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from sim.units import DTYPE_BYTES
@@ -61,13 +62,25 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
     backward over s², then dQ = dS·K and dK = dSᵀ·Q. Causal masking does not shrink any of it: the GEMMs
     compute the full s² and the softmax reads and writes it all. FLOPs equal the flash op's (4bs²h/t,
     twice that backward).
+
+    With ALiBi (``d.position == "alibi"``) the scores GEMM adds the bias: BLOOM's Megatron-DeepSpeed
+    passes the (b·heads, 1, s) ALiBi tensor as ``torch.baddbmm``'s input with β = 1
+    (bigscience-workshop/Megatron-DeepSpeed, megatron/model/transformer.py, ParallelAttention), and
+    baddbmm on CUDA first copies that broadcast input into the whole b·heads·s² output
+    (aten/src/ATen/native/cuda/Blas.cpp, ``baddbmm_out_cuda_impl``: ``result.copy_(self)`` when β ≠ 0),
+    which cuBLAS then reads back as C: the scores are written once more and read once.
     """
     s, heads_t, hd = d.seq_len, d.heads // tp, d.head_dim
     e = DTYPE_BYTES[dtype]
     batch = b * heads_t
     scores = float(batch * s * s)  # elements of the score matrices on this GPU
-    fwd: list[Op] = [
-        gemm("attention.scores", s, s, hd, dtype, batch),
+    qk = gemm("attention.scores", s, s, hd, dtype, batch)
+    fwd: list[Op] = []
+    if d.position == "alibi":
+        fwd.append(elementwise("attention.alibi_bias", e * scores, dtype))
+        qk = dataclasses.replace(qk, bytes=qk.bytes + e * scores)
+    fwd += [
+        qk,
         elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores, family=SOFTMAX),
     ]
     bwd: list[Op] = [

@@ -1,11 +1,11 @@
 """Read a Hugging Face ``config.json`` (local file, no network) into the transformer model's fields.
 
 Key names and defaults follow the ``transformers`` configuration classes of each family (LlamaConfig,
-MistralConfig, MixtralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig, FalconConfig): where a config file
-leaves a key out, the library's default applies, so it does here. Architecture details dtsim does not
+MistralConfig, MixtralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig, FalconConfig, BloomConfig, and
+MosaicML's MPTConfig): where a config file leaves a key out, the library's default applies, so it does here. Architecture details dtsim does not
 model are mapped to the nearest modelled form and said so below (they change few parameters/FLOPs):
 Qwen2's q/k/v biases (bias: false — the MLP and output projection have none), GPT-NeoX/Falcon parallel
-attention+MLP (computed one after the other), partial rotary (rope), ALiBi (no position weights, as rope).
+attention+MLP (computed one after the other), partial rotary (rope).
 """
 
 from __future__ import annotations
@@ -126,9 +126,51 @@ def _falcon(cfg: dict) -> Fields:
         "mlp": "gelu",
         "bias": bool(cfg.get("bias", False)),
         "norm": "layernorm",
-        "position": "rope",  # rotary, or ALiBi (no position weights either)
+        "position": "alibi" if cfg.get("alibi") else "rope",  # FalconConfig.alibi (default False): rotary
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
         "dropout": _dropout(cfg),
+    }
+
+
+def _bloom(cfg: dict) -> Fields:
+    """BLOOM (BloomConfig): ALiBi, LayerNorm, GELU MLP of 4h, biases, tied head; its config.json names
+    the training length ``seq_length`` (ALiBi has no position table to size)."""
+    hidden = _int(cfg, "hidden_size", "n_embed")
+    return {
+        "layers": _int(cfg, "n_layer", "num_hidden_layers"),
+        "hidden": hidden,
+        "heads": _int(cfg, "n_head", "num_attention_heads"),
+        "ffn_hidden": 4 * hidden,
+        "vocab": _int(cfg, "vocab_size"),
+        "seq_len": _int(cfg, "seq_length"),
+        "mlp": "gelu",
+        "bias": True,
+        "norm": "layernorm",
+        "position": "alibi",
+        "tied_embeddings": True,
+        "dropout": _dropout(cfg),
+    }
+
+
+def _mpt(cfg: dict) -> Fields:
+    """MPT (MosaicML's MPTConfig): ALiBi unless ``attn_config.alibi`` is false (then learned positions),
+    LayerNorm, GELU MLP of expansion_ratio·d_model, biases unless ``no_bias``, tied head."""
+    hidden = _int(cfg, "d_model")
+    attn = cfg.get("attn_config") or {}
+    drops = [attn.get("attn_pdrop"), cfg.get("resid_pdrop"), cfg.get("emb_pdrop")]
+    return {
+        "layers": _int(cfg, "n_layers"),
+        "hidden": hidden,
+        "heads": _int(cfg, "n_heads"),
+        "ffn_hidden": int(cfg.get("expansion_ratio", 4) * hidden),
+        "vocab": _int(cfg, "vocab_size"),
+        "seq_len": _int(cfg, "max_seq_len"),
+        "mlp": "gelu",
+        "bias": not cfg.get("no_bias", False),
+        "norm": "layernorm",
+        "position": "alibi" if attn.get("alibi", False) else "learned",
+        "tied_embeddings": True,
+        "dropout": float(max((d for d in drops if isinstance(d, (int, float))), default=0.0)),
     }
 
 
@@ -149,6 +191,8 @@ FAMILIES: dict[str, Callable[[dict], Fields]] = {
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,
+    "bloom": _bloom,
+    "mpt": _mpt,
 }
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -159,6 +203,8 @@ ARCHITECTURES = {
     "GPTNeoXForCausalLM": "gpt_neox",
     "FalconForCausalLM": "falcon",
     "RWForCausalLM": "falcon",  # Falcon's original remote-code class
+    "BloomForCausalLM": "bloom",
+    "MPTForCausalLM": "mpt",
 }
 
 

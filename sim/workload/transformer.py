@@ -52,7 +52,7 @@ from sim.workload.ops import (
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
-POSITION_KINDS = ("learned", "rope")
+POSITION_KINDS = ("learned", "rope", "alibi")
 CHECKPOINTING_KINDS = ("none", "selective", "full")
 
 ALL_REDUCE = "all_reduce"

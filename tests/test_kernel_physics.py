@@ -411,6 +411,20 @@ def test_deepspeed_pipeline_all_reduces_fp32_grads_under_zero1_and_partitions_p2
     assert job.gather_bytes == pytest.approx(activation)
 
 
+def test_deepspeed_zero1_all_reduces_fp16_grads_too() -> None:
+    """With fp16 DeepSpeed's ZeRO-1 optimizer reduces the gradients itself (stage 1 has no contiguous
+    gradients, so allreduce_bucket runs with rank None): a full all-reduce of the 16-bit gradients."""
+    sc = _megatron(training__kernels="megatron-deepspeed-2022", parallel__zero=1, training__precision="fp16")
+    job, _ = build_job(sc, cost_model_for(sc))
+    grads = sum(lw.grad_bytes for c in range(job.virtual_stages) for lw in job.chunk_of(0, c).layers)
+    assert job.grad_elem_bytes == 2
+    ops: dict[str, float] = {}
+    for s in simulate(sc).timeline.spans:
+        if s.gpu == 0 and s.category == COMM_DP:
+            ops[s.args["op"]] = ops.get(s.args["op"], 0.0) + s.args["bytes"]
+    assert ops["all_reduce"] == pytest.approx(grads) and "reduce_scatter" not in ops
+
+
 def test_megatron_core_buckets_only_the_first_stage_first_chunk() -> None:
     """Megatron-Core's default bucket is max(40 M, 1 M × data) parameters; pipeline stages after the first
     (and model chunks after the first) reduce each chunk's gradients in one piece once its last backward

@@ -90,7 +90,7 @@ class TrainingJob:
     embedding_sync_bytes: float = 0.0  # tied embeddings across stages: first↔last stage gradient all-reduce
     data: Block | None = None  # loading a micro-batch (first virtual stage, before its forward)
     blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
-    grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed pipe + bf16)
+    grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     # The SMs (NCCL CTAs) a collective's kernel holds, by where its ranks are (sim.hardware.nccl; what
     # sim.build sets); without it every overlapped collective slows compute 1/(1 + comm_slowdown).

@@ -415,8 +415,8 @@ class Estimator:
                 else:
                     dp_exposed = sync + after
             else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward
-                # (DeepSpeed's pipeline engine all-reduces bf16 models' fp32 gradients even under ZeRO-1)
-                whole = c.zero == 0 or zero1_all_reduces_grads(ks, self.precision)
+                # (DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1)
+                whole = c.zero == 0 or zero1_all_reduces_grads(ks)
                 op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
                 after = self._param_gather_s(dp_group, held * eb, layer_weights) if c.zero == 1 else 0.0

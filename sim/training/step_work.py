@@ -125,10 +125,11 @@ def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     return grad_elem_bytes(precision)
 
 
-def zero1_all_reduces_grads(ks: KernelSet, precision: str) -> bool:
-    """Whether the stack all-reduces the whole (fp32) gradients even under ZeRO-1: DeepSpeed's pipeline
-    engine with bf16 (``_bf16_reduce_grads``; see ``sim.workload.kernels``)."""
-    return ks.zero1_grad_all_reduce and precision in ("bf16", "fp8")
+def zero1_all_reduces_grads(ks: KernelSet) -> bool:
+    """Whether the stack all-reduces the whole gradients even under ZeRO-1: DeepSpeed of 2021-22, whose
+    pipeline engine all-reduces bf16 models' fp32 gradients and whose ZeRO-1 optimizer all-reduces fp16
+    ones (see ``sim.workload.kernels``)."""
+    return ks.zero1_grad_all_reduce
 
 
 def reduced_grad_bytes(scenario: Scenario) -> int:

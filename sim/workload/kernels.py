@@ -38,7 +38,11 @@ Sources (public code, read at the period named):
   (``is_pipe_partitioned = is_grad_partitioned = is_model_parallel``; the receiver rebuilds them with
   ``PartitionedTensor.full()``, an all-gather), and with bf16 its ``_exec_reduce_grads`` calls
   ``_bf16_reduce_grads`` → ``buffered_allreduce_fallback``: a full all-reduce of the fp32 gradients
-  even under ZeRO-1 (the optimizer then updates its 1/d shard and all-gathers the parameters). Its
+  even under ZeRO-1 (the optimizer then updates its 1/d shard and all-gathers the parameters); with
+  fp16 the ZeRO-1 optimizer reduces them itself, and as fully: stage 1 runs without contiguous
+  gradients (deepspeed/runtime/engine.py, ``_configure_zero_optimizer``), so ``reduce_gradients`` goes
+  through ``buffered_reduce_fallback`` to ``allreduce_bucket``, which sets ``rank = None`` and calls
+  ``dist.all_reduce`` (deepspeed/runtime/zero/stage2.py of v0.5, stage_1_and_2.py of v0.6-0.7). Its
   ``BF16_Optimizer.update_hp_grads`` (deepspeed/runtime/bf16_optimizer.py, "bf16+pipeline parallelism",
   April 2022), called after every micro-batch's backward, runs
   ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``: the cast writes an fp32 temporary that the add
@@ -89,7 +93,7 @@ class KernelSet:
     overlap_grad_reduce: bool  # default parallel.overlap_grad_sync
     blocking_p2p: bool  # pipeline sends complete before the sender computes on
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
-    zero1_grad_all_reduce: bool = False  # bf16 + ZeRO-1: gradients all-reduced in full, not reduce-scattered
+    zero1_grad_all_reduce: bool = False  # ZeRO-1: gradients all-reduced in full, not reduce-scattered
     # Column-parallel linears overlap their backward collective with their weight-gradient GEMM, and with
     # sequence parallelism re-gather their input during the input-gradient GEMM (transformer.layer_ops).
     tp_backward_overlap: bool = False

@@ -249,6 +249,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     kept = ckpt_act / ck.every if ck.kind == "full" else ckpt_act
     # While a full-checkpointing segment of `every` layers is recomputed, their activations are live again.
     workspace = ck.every * full_layer_act if ck.kind == "full" else 0.0
+
     def fsdp_kernels(params: float) -> dict[str, float]:
         """FSDP's DP-stream kernels around a unit of ``params`` parameters (none for other stacks)."""
         if not fsdp:

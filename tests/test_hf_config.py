@@ -128,3 +128,7 @@ def test_alibi_families_read_as_alibi(tmp_path):
         d = tf.TransformerDims(layers=m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden,
                                vocab=m.vocab, seq_len=m.seq_len, position=m.position)
         assert tf.embedding_params(d) == m.vocab * m.hidden
+    # BloomConfig itself has no length (ALiBi has no table to size): without seq_length, seq_len beside.
+    del bloom["seq_length"]
+    (tmp_path / "bloom" / "config.json").write_text(json.dumps(bloom))
+    assert _model(hf_config=str(tmp_path / "bloom"), seq_len=4096).seq_len == 4096

@@ -133,8 +133,9 @@ def _falcon(cfg: dict) -> Fields:
 
 
 def _bloom(cfg: dict) -> Fields:
-    """BLOOM (BloomConfig): ALiBi, LayerNorm, GELU MLP of 4h, biases, tied head; its config.json names
-    the training length ``seq_length`` (ALiBi has no position table to size)."""
+    """BLOOM (BloomConfig): ALiBi, LayerNorm, GELU MLP of 4h, biases, tied head. ALiBi has no position
+    table to size, so BloomConfig has no length; BigScience's files name the training length
+    ``seq_length``, and without it ``model.seq_len`` beside ``hf_config`` gives it."""
     hidden = _int(cfg, "hidden_size", "n_embed")
     return {
         "layers": _int(cfg, "n_layer", "num_hidden_layers"),
@@ -142,7 +143,7 @@ def _bloom(cfg: dict) -> Fields:
         "heads": _int(cfg, "n_head", "num_attention_heads"),
         "ffn_hidden": 4 * hidden,
         "vocab": _int(cfg, "vocab_size"),
-        "seq_len": _int(cfg, "seq_length"),
+        **({"seq_len": _int(cfg, "seq_length")} if "seq_length" in cfg else {}),  # else model.seq_len beside
         "mlp": "gelu",
         "bias": True,
         "norm": "layernorm",

@@ -215,7 +215,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     host = ks.host_dispatch_us * 1e-6
     fwd = sw.blocks(cost, lo.forward, host_s=host)
     bwd = sw.blocks(cost, lo.backward_input, host_s=host)
-    fsdp = sw.fsdp_flat(ks, par.zero) and par.data * par.cp > 1
+    fsdp = sw.fsdp_flat(ks, par.zero, par.data * par.cp)
     wgt = sw.weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes, fsdp)
     if ck.kind == "full":
         recompute = fwd

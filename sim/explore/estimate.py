@@ -345,7 +345,7 @@ class Estimator:
         d, t, p, v, b, dp = self.dims, c.tensor, c.pipeline, c.virtual_stages, c.micro_batch, c.data
         sp = c.sequence_parallel and t > 1
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
-        fsdp = fsdp_flat(ks, c.zero) and dp > 1
+        fsdp = fsdp_flat(ks, c.zero, dp)
         lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b", fsdp)
         lay = Layout(dp=dp, tp=t, pp=p)
         m = self.global_batch // (dp * b)
@@ -399,8 +399,8 @@ class Estimator:
                 # NCCL kernels slow the compute they run beside.
                 scatters = scatter if self.overlap_grad_sync else m * v * n_layers * scatter
                 exposed = min(after, 2 * v * m * gather_w + scatters + max(0.0, after - pipe))
-                zero3_exposed = exposed + (after - exposed) * self.sm_share_of("all_gather", "dp", dp_group,
-                                                                                layer_weights)
+                dp_exposed = exposed + (after - exposed) * self.sm_share_of("all_gather", "dp", dp_group,
+                                                                             layer_weights)
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
                 scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
                 rest = grads - layers[0] * layer_grads  # the embedding's (and head's) gradients
@@ -429,8 +429,6 @@ class Estimator:
                     dp_exposed = sync - hidden + slowed + after
                 else:
                     dp_exposed = sync + after
-            if c.zero == 3:
-                dp_exposed = zero3_exposed
             dp_total = sync + after
         # Step end: tied embeddings' gradient all-reduce between first and last stage, loss-scale unscale,
         # gradient norm (its model-parallel and, with ZeRO, data-parallel 4-byte all-reduces), optimizer.

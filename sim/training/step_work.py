@@ -141,9 +141,10 @@ def reduced_grad_bytes(scenario: Scenario) -> int:
     return grad_elem_bytes(tr.precision)
 
 
-def fsdp_flat(ks: KernelSet, zero: int) -> bool:
-    """Whether ZeRO-3 runs as PyTorch FSDP's FlatParameter (``KernelSet.fsdp_flat_param``)."""
-    return ks.fsdp_flat_param and zero == 3
+def fsdp_flat(ks: KernelSet, zero: int, data: int) -> bool:
+    """Whether ZeRO-3 over ``data`` replicas runs as PyTorch FSDP's FlatParameter
+    (``KernelSet.fsdp_flat_param``); with one replica nothing is sharded."""
+    return ks.fsdp_flat_param and zero == 3 and data > 1
 
 
 def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, ks: KernelSet,
@@ -253,14 +254,13 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
         opt = op_block(cost, "optimizer step", [elementwise(f"{optimizer} step (unfused)",
                                                             shard * UNFUSED_OPTIMIZER_BYTES_PER_PARAM[kind],
                                                             "fp32")])[0]
-        grad_bytes = 4 if ks.fsdp_flat_param and zero == 3 else gbytes
+        grad_bytes = 4 if ks.fsdp_flat_param and zero == 3 else gbytes  # FSDP shards keep fp32 gradients
         per_grad = CLIP_NORM_BYTES_PER_GRAD * grad_bytes / 4 + (CLIP_SCALE_BYTES_PER_GRAD * grad_bytes / 4
                                                                   if ks.clip_always_scales else 0)
         norm = elementwise("grad norm", grads * per_grad, "fp32")
         return opt, Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
     if optimizer == "sgd" or not mixed:
-        opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[
-            ("sgd" if optimizer == "sgd" else "adam", mixed)], "fp32")]
+        opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(kind, mixed)], "fp32")]
     else:
         opt_ops = [elementwise("fused adam", shard * FUSED_ADAM_BYTES_PER_PARAM, "fp32"),
                    elementwise("copy params to 16-bit", shard * COPY_TO_16BIT_BYTES_PER_PARAM, "fp32"),

@@ -46,6 +46,32 @@ def test_case1_published_seconds_from_eq4_by_hand() -> None:
     assert seconds == pytest.approx(hand_s, rel=1e-12)
 
 
+@pytest.mark.parametrize(("name", "tokens_per_s", "gpus", "batch"), [
+    ("gpt3-175b-128xa100-nemo-jul2022", 20642, 128, 1536), ("gpt3-175b-1024xa100-nemo-jul2022", 141306, 1024, 1536),
+    ("gpt3-175b-64xa100-nemo-sep2022", 7500, 64, 2048), ("gpt3-175b-1024xa100-nemo-sep2022", 109684, 1024, 2048)])
+def test_nemo_2022_seconds_from_the_readmes_cluster_tokens(name: str, tokens_per_s: int, gpus: int, batch: int) -> None:
+    # The NeMo Megatron launcher README gives tokens/s for the whole cluster; the case stores it per GPU
+    # (rounded to 1e-3): the iteration is then global batch × 2048 tokens over the cluster's rate.
+    sc = _scenario(name)
+    assert (sc.total_gpus, sc.training.global_batch, sc.model.seq_len) == (gpus, batch, 2048)
+    seconds, origin = published_time_s(BY_NAME[name], sc.model, batch, gpus)
+    assert origin == "tokens/s"
+    assert seconds == pytest.approx(batch * 2048 / tokens_per_s, rel=1e-5)
+
+
+def test_table_columns_stay_aligned_past_long_case_names() -> None:
+    from sim.validation.published import CaseResult, format_table
+
+    def row(name: str) -> CaseResult:
+        return CaseResult(name=name, gpus=8, gpu="A100-80GB", flop_formula="palm-model-flops", flops_per_iteration=1.0,
+                          published_s=2.0, published_from="tokens/s", published_tflops_per_gpu=1.0, simulated_s=1.0,
+                          simulated_tflops_per_gpu=2.0, time_error=-0.5, tflops_error=1.0, wall_s=0.0, source="s")
+
+    lines = format_table([row("short"), row("a-case-name-longer-than-the-column")]).splitlines()
+    gpus_col = lines[0].index("GPUs") + len("GPUs")  # right-aligned header
+    assert [ln[gpus_col - 1] for ln in (lines[2], lines[3])] == ["8", "8"]
+
+
 @pytest.mark.parametrize("name", ["mtnlg-530b-2240xa100", "mtnlg-530b-2800xa100", "mtnlg-530b-3360xa100"])
 def test_eq4_reproduces_mtnlg_time_and_tflops_pairs(name: str) -> None:
     # MT-NLG publishes both seconds per iteration and TFLOP/s per GPU: Eq. 4 on the scenario's model must

@@ -204,13 +204,19 @@ def aggregate(results: list[CaseResult]) -> dict[str, float]:
             "mean_abs_tflops_error": sum(fe) / len(fe), "max_abs_tflops_error": max(fe)}
 
 
+def _name_width(results: list[CaseResult]) -> int:
+    """The case column's width: the longest name shown (26 at least), so the columns stay aligned."""
+    return max([26, *(len(r.name) for r in results)])
+
+
 def format_table(results: list[CaseResult]) -> str:
     """The human-readable comparison printed by the command."""
-    head = (f"{'case':<26} {'GPUs':>6} {'formula':<20} {'pub s':>8} {'sim s':>8} {'err':>7} "
+    w = _name_width(results)
+    head = (f"{'case':<{w}} {'GPUs':>6} {'formula':<20} {'pub s':>8} {'sim s':>8} {'err':>7} "
             f"{'pub TF/s':>9} {'sim TF/s':>9} {'err':>7}")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(f"{r.name:<26} {r.gpus:>6} {r.flop_formula:<20} {r.published_s:>8.2f} "
+        lines.append(f"{r.name:<{w}} {r.gpus:>6} {r.flop_formula:<20} {r.published_s:>8.2f} "
                      f"{r.simulated_s:>8.2f} {r.time_error:>+7.1%} {r.published_tflops_per_gpu:>9.1f} "
                      f"{r.simulated_tflops_per_gpu:>9.1f} {r.tflops_error:>+7.1%}")
     agg = aggregate(results)
@@ -225,7 +231,8 @@ def format_table(results: list[CaseResult]) -> str:
 
 def format_breakdown(results: list[CaseResult]) -> str:
     """Where each simulated iteration goes, and the compute rate its published time implies."""
-    head = (f"{'case':<26} {'sim s':>8} {'compute':>8} {'exp comm':>8} {'idle':>6} "
+    w = _name_width(results)
+    head = (f"{'case':<{w}} {'sim s':>8} {'compute':>8} {'exp comm':>8} {'idle':>6} "
             f"{'busy TF/s':>9} {'implied':>9} {'ratio':>6}")
     lines = [head, "-" * len(head)]
 
@@ -235,7 +242,7 @@ def format_breakdown(results: list[CaseResult]) -> str:
     for r in results:
         ratio = (r.implied_compute_tflops_per_gpu / r.compute_tflops_per_gpu
                  if r.implied_compute_tflops_per_gpu and r.compute_tflops_per_gpu else None)
-        lines.append(f"{r.name:<26} {r.simulated_s:>8.2f} {r.simulated_compute_s:>8.2f} "
+        lines.append(f"{r.name:<{w}} {r.simulated_s:>8.2f} {r.simulated_compute_s:>8.2f} "
                      f"{r.simulated_exposed_comm_s:>8.2f} {r.simulated_idle_fraction:>6.1%} "
                      f"{num(r.compute_tflops_per_gpu, 9, '.1f')} {num(r.implied_compute_tflops_per_gpu, 9, '.1f')} "
                      f"{num(ratio, 6, '.3f')}")

@@ -213,3 +213,21 @@ def test_every_published_run_fits_in_its_gpus(name: str) -> None:
     _, info = build_job(sc, cost_model_for(sc))
     worst = max(d["peak"] for d in info.memory_by_stage)
     assert fits(worst, sc.gpu.memory_bytes), f"{name}: {worst / 1e9:.1f} GB > {sc.gpu.memory_bytes / 1e9:.0f} GB"
+
+
+def test_cases_run_in_worker_processes_give_the_same_table_in_the_given_order() -> None:
+    from sim.validation.published import run_cases
+
+    picked = [BY_NAME["mpt-3b-8xa100-llmfoundry"], BY_NAME[SMALL]]
+    alone = run_cases(picked, DEFAULT_CASES, None, jobs=1)
+    pooled = run_cases(picked, DEFAULT_CASES, None, jobs=2)
+    assert [r.name for r in pooled] == [c.name for c in picked]
+    assert [r.simulated_s for r in pooled] == [r.simulated_s for r in alone]  # same simulation, same seed
+
+
+def test_bad_input_inside_a_worker_is_one_line_and_exit_2(capsys) -> None:
+    code = main(["validate", "--published", "--case", "mpt-3b-8xa100-llmfoundry", "--case", SMALL,
+                 "--jobs", "2", "--set", "training.bogus=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "training.bogus" in err[0] and "unknown key" in err[0]

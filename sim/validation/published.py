@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -274,10 +277,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key in every case's scenario, e.g. calibration=profile.json")
     p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
+    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                   help="cases simulated at once, one process each (default: the cores this process may "
+                        "use, at most the number of cases; 1 runs them in turn here)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each simulated iteration goes and the compute rate the published "
                         "time implies")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} — give a whole number of processes ≥ 1, e.g. --jobs 2")
+    return n
+
+
+def default_jobs(cases: int) -> int:
+    """One process per core this process may run on, never more than there are cases."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, cases))
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A case's bad input, carried back from a worker as text (the parent raises it as one line)."""
+
+    message: str
+
+
+def _run_in_worker(case: Case, cases_file: Path, overrides: list[str] | None) -> CaseResult | _Failed:
+    try:
+        return run_case(case, cases_file, overrides)
+    except ScenarioError as exc:
+        return _Failed(str(exc))
+
+
+def _checked(case: Case, r: CaseResult | _Failed, done: int, total: int) -> CaseResult:
+    if isinstance(r, _Failed):
+        raise ScenarioError(r.message)
+    if not (math.isfinite(r.simulated_s) and r.simulated_s > 0):
+        raise ScenarioError(f"case {case.name}: the simulation gave no iteration time", "scenario")
+    print(f"[{done}/{total}] {case.name}: simulated in {r.wall_s:.1f} s", file=sys.stderr)
+    return r
+
+
+def run_cases(selected: list[Case], cases_file: Path, overrides: list[str] | None, jobs: int) -> list[CaseResult]:
+    """Every case's result, in the order given. With ``jobs`` > 1 (and fork available) the cases run in
+    that many worker processes, each simulation on its own core: the set's wall time falls towards that of
+    its longest case. Progress lines come in the order the cases finish."""
+    total = len(selected)
+    jobs = min(jobs, total)
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_checked(c, _run_in_worker(c, cases_file, overrides), i, total) for i, c in enumerate(selected, 1)]
+    results: list[CaseResult | None] = [None] * total
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+    try:
+        futures = {pool.submit(_run_in_worker, c, cases_file, overrides): i for i, c in enumerate(selected)}
+        for done, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            results[i] = _checked(selected[i], fut.result(), done, total)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [r for r in results if r is not None]
 
 
 def _select(cases: CaseSet, names: list[str] | None) -> list[Case]:
@@ -306,13 +373,7 @@ def main(argv: list[str]) -> int:
             print(f"{c.name:<26} {c.scenario}\n{'':<26} {c.source.title} ({c.source.venue}), "
                   f"{c.source.where} — {c.source.url}")
         return 0
-    results = []
-    for i, case in enumerate(selected, 1):
-        r = run_case(case, cases_file, args.set)
-        if not (math.isfinite(r.simulated_s) and r.simulated_s > 0):
-            raise ScenarioError(f"case {case.name}: the simulation gave no iteration time", "scenario")
-        print(f"[{i}/{len(selected)}] {case.name}: simulated in {r.wall_s:.1f} s", file=sys.stderr)
-        results.append(r)
+    results = run_cases(selected, cases_file, args.set, args.jobs or default_jobs(len(selected)))
     table = to_json(results, cases_file)
     if args.out:
         from sim.outputs.writers import atomic_write_text

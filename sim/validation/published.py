@@ -369,8 +369,9 @@ def main(argv: list[str]) -> int:
     cases = load_cases(cases_file)
     selected = _select(cases, args.case)
     if args.list:
+        w = max([26, *(len(c.name) for c in selected)])
         for c in selected:
-            print(f"{c.name:<26} {c.scenario}\n{'':<26} {c.source.title} ({c.source.venue}), "
+            print(f"{c.name:<{w}} {c.scenario}\n{'':<{w}} {c.source.title} ({c.source.venue}), "
                   f"{c.source.where} — {c.source.url}")
         return 0
     results = run_cases(selected, cases_file, args.set, args.jobs or default_jobs(len(selected)))

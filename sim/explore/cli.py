@@ -22,7 +22,7 @@ from sim.outputs.writers import atomic_write_text
 MAX_PLAN_GPUS = 10**13  # far beyond any cluster; keeps factorising the count instant
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -55,7 +55,7 @@ def _common(p: argparse.ArgumentParser, charts: bool = True) -> None:
     p.add_argument("--out", help="result folder (default: a folder under results/)")
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"parallel simulations (local processes; default min(CPUs, 4) = {default_workers()})",
     )
@@ -294,9 +294,9 @@ def add_explore_commands(sub) -> None:
         default="throughput",
         help="rank by tokens/s (default), $ per 1M tokens, or days to train",
     )
-    p.add_argument("--top", type=_positive_int, default=3, help="candidates to simulate (default 3)")
+    p.add_argument("--top", type=positive_int, default=3, help="candidates to simulate (default 3)")
     p.add_argument(
-        "--max-micro-batch", type=_positive_int, default=8, help="largest micro-batch tried (default 8)"
+        "--max-micro-batch", type=positive_int, default=8, help="largest micro-batch tried (default 8)"
     )
     _common(p, charts=False)
     p.set_defaults(func=cmd_plan)

@@ -265,6 +265,7 @@ def to_json(results: list[CaseResult], cases_file: Path) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     from sim.cli import _Parser
+    from sim.explore.cli import positive_int
 
     p = _Parser(prog=PROG, description="Simulate the published training runs and compare with their figures.")
     p.add_argument("--published", action="store_true", required=True,
@@ -277,23 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key in every case's scenario, e.g. calibration=profile.json")
     p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
-    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                    help="cases simulated at once, one process each (default: the cores this process may "
                         "use, at most the number of cases; 1 runs them in turn here)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each simulated iteration goes and the compute rate the published "
                         "time implies")
     return p
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} — give a whole number of processes ≥ 1, e.g. --jobs 2")
-    return n
 
 
 def default_jobs(cases: int) -> int:

@@ -15,9 +15,9 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -307,6 +307,16 @@ def _run_in_worker(case: Case, cases_file: Path, overrides: list[str] | None) ->
         return _Failed(str(exc))
 
 
+def _worker_init() -> None:
+    """Workers leave Ctrl-C to the parent, which then stops them all (no traceback from each)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _indexed(job: tuple[int, Case, Path, list[str] | None]) -> tuple[int, CaseResult | _Failed]:
+    i, case, cases_file, overrides = job
+    return i, _run_in_worker(case, cases_file, overrides)
+
+
 def _checked(case: Case, r: CaseResult | _Failed, done: int, total: int) -> CaseResult:
     if isinstance(r, _Failed):
         raise ScenarioError(r.message)
@@ -318,23 +328,18 @@ def _checked(case: Case, r: CaseResult | _Failed, done: int, total: int) -> Case
 
 def run_cases(selected: list[Case], cases_file: Path, overrides: list[str] | None, jobs: int) -> list[CaseResult]:
     """Every case's result, in the order given. With ``jobs`` > 1 (and fork available) the cases run in
-    that many worker processes, each simulation on its own core: the set's wall time falls towards that of
-    its longest case. Progress lines come in the order the cases finish."""
+    that many worker processes, a fresh one per case, each simulation on its own core: the set's wall
+    time falls towards that of its longest case. Progress lines come in the order the cases finish; bad
+    input, an error or Ctrl-C stops every worker at once."""
     total = len(selected)
     jobs = min(jobs, total)
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return [_checked(c, _run_in_worker(c, cases_file, overrides), i, total) for i, c in enumerate(selected, 1)]
     results: list[CaseResult | None] = [None] * total
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
-    try:
-        futures = {pool.submit(_run_in_worker, c, cases_file, overrides): i for i, c in enumerate(selected)}
-        for done, fut in enumerate(as_completed(futures), 1):
-            i = futures[fut]
-            results[i] = _checked(selected[i], fut.result(), done, total)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    jobs_in = [(i, c, cases_file, overrides) for i, c in enumerate(selected)]
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init, maxtasksperchild=1) as pool:
+        for done, (i, r) in enumerate(pool.imap_unordered(_indexed, jobs_in), 1):  # leaving: terminate()
+            results[i] = _checked(selected[i], r, done, total)
     return [r for r in results if r is not None]
 
 

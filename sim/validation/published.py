@@ -280,17 +280,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
     p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                    help="cases simulated at once, one process each (default: the cores this process may "
-                        "use, at most the number of cases; 1 runs them in turn here)")
+                        "use, at most 8 and the number of cases; 1 runs them in turn here)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each simulated iteration goes and the compute rate the published "
                         "time implies")
     return p
 
 
+MAX_DEFAULT_JOBS = 8  # the set's largest case holds ~1.4 GB while it simulates: bounded memory on big boxes
+
+
 def default_jobs(cases: int) -> int:
-    """One process per core this process may run on, never more than there are cases."""
+    """One process per core this process may run on, at most ``MAX_DEFAULT_JOBS`` and the number of cases."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, cases))
+    return max(1, min(cores, cases, MAX_DEFAULT_JOBS))
 
 
 @dataclass(frozen=True)

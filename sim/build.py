@@ -350,7 +350,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     job.data = Block("load micro-batch", tokens_bytes / sw.H2D_Bps + cost.op_time_s(
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
     job.blocking_p2p = ks.blocking_p2p
-    job.grad_all_reduce = sw.zero1_all_reduces_grads(ks)
+    # DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1 (sim.workload.kernels).
+    job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather
     job.nccl = scenario.gpu.nccl_ctas()
     # T₁: the same global batch on one GPU, built by the same code (embedding, head, accumulation, step).

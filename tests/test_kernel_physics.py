@@ -716,3 +716,22 @@ def test_pytorch_fsdp_kernels_are_on_the_timeline() -> None:
     # The same job under Megatron's kernels has none of them.
     other = simulate(_fsdp(training__kernels="transformer-engine"))
     assert not any(s.category == FSDP_COPY for s in other.timeline.spans)
+
+
+def test_pytorch_fsdp_predivide_stays_without_overlap() -> None:
+    """With overlap_grad_sync off the gradients of each backward are reduce-scattered at once, after it:
+    the pre-divide still runs before that reduce-scatter, over all of them (the layers' pre-divides summed)."""
+    from sim.engine.executor import STREAM_DP
+    from sim.engine.timeline import FSDP_COPY
+
+    sc = _fsdp(parallel__overlap_grad_sync=False)
+    job, _ = build_job(sc, cost_model_for(sc))
+    r = simulate(sc)
+    dp = sorted((s for s in r.timeline.spans if s.gpu == 0 and s.stream == STREAM_DP), key=lambda s: s.start_s)
+    pre = [s for s in dp if s.category == FSDP_COPY and s.name == "grad predivide"]
+    assert len(pre) == sc.microbatches  # one per backward
+    total = sum(lw.pre_reduce_s for lw in job.chunks[0].layers)
+    assert all(s.end_s - s.start_s == pytest.approx(total, rel=1e-9) for s in pre)
+    for a in pre:
+        b = dp[dp.index(a) + 1]
+        assert b.args["op"] == "reduce_scatter" and b.start_s == pytest.approx(a.end_s, abs=1e-12)

@@ -515,7 +515,7 @@ class TrainingExecutor:
         self._memory(g, static)
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
-            bucket = shard_bucket = expert_bucket = 0.0
+            bucket = shard_bucket = shard_pre_s = expert_bucket = 0.0
             param_gathers = self._param_gathers(g, stage, actions)
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
@@ -580,6 +580,7 @@ class TrainingExecutor:
                                                                kind="edp"))
                         elif has_grads and job.zero >= 2:
                             shard_bucket += lw.grad_bytes
+                            shard_pre_s += lw.pre_reduce_s
                             expert_bucket += lw.expert_grad_bytes
                         elif has_grads and final and job.compression_ratio is None:
                             bucket += lw.grad_bytes
@@ -591,8 +592,8 @@ class TrainingExecutor:
                         dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
                         bucket = 0.0
                     if shard_bucket > 0:  # ZeRO-2/3 without overlap: this action's gradients, reduced now
-                        yield self._dp_sync(g, "reduce_scatter", shard_bucket, step)
-                        shard_bucket = 0.0
+                        yield self._dp_sync(g, "reduce_scatter", shard_bucket, step, pre_s=shard_pre_s)
+                        shard_bucket = shard_pre_s = 0.0
                     if expert_bucket > 0:
                         yield self._dp_sync(g, "reduce_scatter", expert_bucket, step, kind="edp")
                         expert_bucket = 0.0

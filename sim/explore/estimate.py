@@ -43,7 +43,6 @@ from sim.training.step_work import (
     op_block,
     optimizer_block,
     weight_blocks,
-    zero1_all_reduces_grads,
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
@@ -416,7 +415,7 @@ class Estimator:
                     dp_exposed = sync + after
             else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward
                 # (DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1)
-                whole = c.zero == 0 or zero1_all_reduces_grads(ks)
+                whole = c.zero == 0 or ks.zero1_grad_all_reduce
                 op = "all_reduce" if whole else "reduce_scatter"
                 sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
                 after = self._param_gather_s(dp_group, held * eb, layer_weights) if c.zero == 1 else 0.0

@@ -125,13 +125,6 @@ def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     return grad_elem_bytes(precision)
 
 
-def zero1_all_reduces_grads(ks: KernelSet) -> bool:
-    """Whether the stack all-reduces the whole gradients even under ZeRO-1: DeepSpeed of 2021-22, whose
-    pipeline engine all-reduces bf16 models' fp32 gradients and whose ZeRO-1 optimizer all-reduces fp16
-    ones (see ``sim.workload.kernels``)."""
-    return ks.zero1_grad_all_reduce
-
-
 def reduced_grad_bytes(scenario: Scenario) -> int:
     """Bytes per gradient element the data-parallel sync moves for ``scenario``: transformers run a
     Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""
@@ -254,7 +247,7 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
         opt = op_block(cost, "optimizer step", [elementwise(f"{optimizer} step (unfused)",
                                                             shard * UNFUSED_OPTIMIZER_BYTES_PER_PARAM[kind],
                                                             "fp32")])[0]
-        grad_bytes = 4 if ks.fsdp_flat_param and zero == 3 else gbytes  # FSDP shards keep fp32 gradients
+        grad_bytes = 4 if fsdp_flat(ks, zero, data) else gbytes  # FSDP shards keep fp32 gradients
         per_grad = CLIP_NORM_BYTES_PER_GRAD * grad_bytes / 4 + (CLIP_SCALE_BYTES_PER_GRAD * grad_bytes / 4
                                                                   if ks.clip_always_scales else 0)
         norm = elementwise("grad norm", grads * per_grad, "fp32")

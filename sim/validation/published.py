@@ -330,17 +330,21 @@ def _checked(case: Case, r: CaseResult | _Failed, done: int, total: int) -> Case
 
 
 def run_cases(selected: list[Case], cases_file: Path, overrides: list[str] | None, jobs: int) -> list[CaseResult]:
-    """Every case's result, in the order given. With ``jobs`` > 1 (and fork available) the cases run in
-    that many worker processes, a fresh one per case, each simulation on its own core: the set's wall
-    time falls towards that of its longest case. Progress lines come in the order the cases finish; bad
-    input, an error or Ctrl-C stops every worker at once."""
+    """Every case's result, in the order given. With ``jobs`` > 1 the cases run in that many worker
+    processes, a fresh one per case, each simulation on its own core: the set's wall time falls towards
+    that of its longest case. Progress lines come in the order the cases finish; bad input, an error or
+    Ctrl-C stops every worker at once. Workers come from a fork server with this module preloaded, not
+    from forking the caller: a caller with threads (a test runner, a notebook) can hold a lock at the
+    fork that its child would then wait on for ever."""
     total = len(selected)
     jobs = min(jobs, total)
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs <= 1 or "forkserver" not in multiprocessing.get_all_start_methods():
         return [_checked(c, _run_in_worker(c, cases_file, overrides), i, total) for i, c in enumerate(selected, 1)]
     results: list[CaseResult | None] = [None] * total
     jobs_in = [(i, c, cases_file, overrides) for i, c in enumerate(selected)]
-    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init, maxtasksperchild=1) as pool:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, "sim.api"])  # each worker starts with the simulator imported
+    with ctx.Pool(jobs, initializer=_worker_init, maxtasksperchild=1) as pool:
         for done, (i, r) in enumerate(pool.imap_unordered(_indexed, jobs_in), 1):  # leaving: terminate()
             results[i] = _checked(selected[i], r, done, total)
     return [r for r in results if r is not None]

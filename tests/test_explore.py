@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import synthetic
 
 from sim.cli import main
 from sim.errors import ScenarioError
@@ -15,21 +16,6 @@ from sim.explore.runner import INVALID, NO_FIT, OK, run_jobs, simulate_point
 from sim.explore.sweep import expand, parse_grid, split_values
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def synthetic(name: str = "syn", **over) -> dict:
-    """A 4-GPU synthetic pipeline (simulates in milliseconds)."""
-    d = {
-        "name": name,
-        "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "A100-80GB", "gpu_speed_spread": 0.0},
-        "model": {"kind": "synthetic", "layers": 8, "forward_ms": 2, "params_per_layer": 1000},
-        "parallel": {"data": 1, "tensor": 1, "pipeline": 4, "schedule": "1f1b"},
-        "training": {"global_batch": 16, "micro_batch": 1},
-    }
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        d[section][field] = value
-    return d
 
 
 def write(tmp_path: Path, data: dict, name: str | None = None) -> Path:

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from sim.api import simulate
 from sim.budget import check_budget
 from sim.errors import ScenarioError, SimulationError
+from sim.processes import pool_context
 from sim.scenario.load import scenario_from_dict
 
 EXECUTORS = ("local", "ray")
@@ -108,7 +109,9 @@ def run_jobs(
 
 def _run_pool(fn: Callable[..., dict], jobs: Sequence[Job], workers: int, bar: tqdm) -> list[dict]:
     results: list[dict | None] = [None] * len(jobs)
-    pool = ProcessPoolExecutor(max_workers=workers)
+    # Forked only where that is safe (sim.processes): a caller with threads of its own (a notebook, a
+    # service) gets workers from a fork server instead, which import the simulator afresh.
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=pool_context())
     try:
         pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         while pending:

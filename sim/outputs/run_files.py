@@ -10,6 +10,8 @@ On a machine with two cores the outputs cost about what the slower of two halves
   copies for free). When the text files are the heavier half the child is forked before matplotlib is even
   imported (its import is then part of this process's half), and this process draws every chart; when they
   are light the child draws the charts other than the Gantt as well.
+Neither forks while the caller runs threads of its own (``sim.processes``): everything is then written
+here, in turn.
 Progress goes to stderr when writing takes more than a couple of seconds (tqdm, on a terminal only).
 """
 
@@ -36,6 +38,7 @@ from sim.outputs.writers import (
     write_chrome_trace,
     write_timeline_csv,
 )
+from sim.processes import fork_is_safe
 from sim.scenario.load import dump_resolved
 
 PARALLEL_MIN_SPANS = 5_000  # below this the outputs take well under a second: no process is worth it
@@ -86,8 +89,9 @@ def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trac
 
 
 def _fork_context():
-    """A fork context where the platform has one and a second core exists, else None (run in turn)."""
-    if (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    """A fork context where a second core exists and forking is safe (``sim.processes``: no other thread
+    runs, so the child can hold up on no lock), else None: the work is then done in turn, here."""
+    if (os.cpu_count() or 1) < 2 or not fork_is_safe():
         return None
     return multiprocessing.get_context("fork")
 
@@ -111,7 +115,8 @@ class ChartWorker:
 
     @classmethod
     def start(cls) -> ChartWorker | None:
-        """A worker where a second core and fork exist, else None (the charts are drawn in turn)."""
+        """A worker where a second core exists and forking is safe (``_fork_context``), else None (the charts
+        are drawn in turn)."""
         ctx = _fork_context()
         return cls(ctx) if ctx is not None else None
 

@@ -263,10 +263,12 @@ def test_collective_model():
 
 @pytest.mark.parametrize(
     "text, size",
-    [("1GiB", 2**30), ("256MB", 256 * 10**6), ("1.5 KB", 1500), ("4096", 4096), ("1_024B", 1024), (512, 512)],
+    [("1GiB", 2**30), ("256MB", 256 * 10**6), ("1.5 KB", 1500), ("4096", 4096), ("1_024B", 1024), (512, 512),
+     (6.8e9, 6_800_000_000)],
 )
 def test_parse_size(text, size):
-    assert parse_size(text) == size
+    got = parse_size(text)
+    assert got == size and type(got) is int
 
 
 def test_every_algorithm_the_schema_accepts_builds_transfers():

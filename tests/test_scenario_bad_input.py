@@ -250,6 +250,19 @@ def _with(**sections) -> dict:
             _with(model={"kind": "collective", "op": "all_reduce", "size_bytes": "lots"}),
             "not a size in bytes",
         ),
+        (
+            _with(model={"kind": "collective", "op": "all_reduce", "size_bytes": [2048, 7.5]}),
+            "model.size_bytes: 7.5 — not a whole number of bytes; write a whole number or a size with a unit, "
+            "e.g. 8 or '1.5GB'",
+        ),
+        (
+            _with(model={"kind": "collective", "op": "all_reduce", "size_bytes": float("inf")}),
+            "model.size_bytes: inf — not a finite size",
+        ),
+        (
+            _with(parallel={"pipeline": 4, "stage_layers": [1, 1.5, 1, 1]}),
+            "parallel.stage_layers.1: 1.5 — must be a whole number; write a whole number, e.g. stage_layers: [4]",
+        ),
         (_with(model={"kind": "collective", "op": "all_reduce", "size_bytes": 8, "ranks": 1}), "must be ≥ 2"),
         (
             {

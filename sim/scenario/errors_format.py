@@ -107,6 +107,8 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
     """(value, rule, fix) for one pydantic error."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     last = str(path[-1]) if path else "value"
+    # A list item or a GPU id key ends the path with a number; examples name the field it belongs to.
+    named = next((str(p) for p in reversed(path) if not str(p).isdigit()), "value")
     where = dotted(path[:-1]) or "the top level"
     if "[key]" in err["loc"]:
         return show(value), "keys here are GPU ids (whole numbers)", "write e.g. 3: 1.5"
@@ -134,7 +136,7 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
         fix = (
             "remove the quotes"
             if isinstance(value, str) and value.strip().isdigit()
-            else f"write e.g. {last}: 4"
+            else f"write e.g. {last}: 4" if last == named else f"write a whole number, e.g. {named}: [4]"
         )
         return show(value), "must be a whole number", fix
     if kind in ("float_type", "float_parsing", "finite_number"):

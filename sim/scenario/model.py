@@ -80,7 +80,15 @@ class SyntheticModel(_Strict):
 
 
 def parse_size(value: Any) -> Any:
-    """ "1GiB", "256MB", "1.5 KB", 4096 → bytes (int); units are bytes (B), decimal (KB) or binary (KiB)."""
+    """ "1GiB", "256MB", "1.5 KB", 4096, 6.8e9 → bytes (int); units are bytes (B), decimal (KB) or binary
+    (KiB). A float is taken when it is a whole number of bytes (``--set`` and YAML give 6.8e9 as one)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise RuleError(None, show(value), "not a finite size", "write e.g. 256MB")
+        if value != int(value):
+            raise RuleError(None, show(value), "not a whole number of bytes",
+                            f"write a whole number or a size with a unit, e.g. {round(value)} or '1.5GB'")
+        return int(value)
     if not isinstance(value, str):
         return value
     units = {
@@ -156,7 +164,7 @@ class CollectiveModel(_Strict):
                 data["algorithm"] = COLLECTIVE_ALGORITHMS[data["op"]][0]
         return data
 
-    @field_validator("size_bytes", mode="before", json_schema_input_type=int | str | list[int | str])
+    @field_validator("size_bytes", mode="before", json_schema_input_type=int | float | str | list[int | float | str])
     @classmethod
     def _sizes(cls, value: Any) -> Any:
         return _sizes_in(value)

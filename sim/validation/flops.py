@@ -42,6 +42,19 @@ def palm_model_flops(m: TransformerModel, batch: int) -> float:
     return tokens * (6.0 * matmul_params(m) + 12.0 * m.layers * m.hidden * m.seq_len)
 
 
+def megatron_2024(m: TransformerModel, batch: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` before it halved causal attention, as NeMo's 2024
+    performance summary (NeMo 24.07, docs/source/performance/performance_summary.md) counts:
+    12·B·s·l·h²·((1 + g/a + s/h)·q/h + (f/h)·(3/2 if SwiGLU) + V/(2·l·h)), q = a·head_dim: the full s×s
+    of the attention scores and values. It reproduces that table's tokens/s ↔ model TFLOP/s pairs to
+    0.5 % (tests/test_published.py)."""
+    b, s, n, h, v = batch, m.seq_len, m.layers, m.hidden, m.vocab
+    q_ratio = m.heads * m.head_dim / h
+    gated = 1.5 if m.mlp == "swiglu" else 1.0
+    attention = (1.0 + m.kv_heads / m.heads + s / h) * q_ratio
+    return 12.0 * b * s * n * h * h * (attention + (m.ffn_hidden / h) * gated + v / (2.0 * n * h))
+
+
 def megatron_causal_2025(m: TransformerModel, batch: int) -> float:
     """Megatron-LM's ``num_floating_point_operations`` as NVIDIA's Megatron-Bridge/NeMo performance
     summaries use it (2025, causal attention counts half the s×s work):
@@ -64,6 +77,7 @@ def llm_foundry_mfu(m: TransformerModel, batch: int) -> float:
 FLOP_FORMULAS: dict[str, Callable[[TransformerModel, int], float]] = {
     "narayanan-2021-eq4": narayanan_2021_eq4,
     "palm-model-flops": palm_model_flops,
+    "megatron-2024": megatron_2024,
     "megatron-causal-2025": megatron_causal_2025,
     "llm-foundry-mfu": llm_foundry_mfu,
 }

@@ -66,7 +66,8 @@ def test_table_columns_stay_aligned_past_long_case_names() -> None:
     def row(name: str) -> CaseResult:
         return CaseResult(name=name, gpus=8, gpu="A100-80GB", flop_formula="palm-model-flops", flops_per_iteration=1.0,
                           published_s=2.0, published_from="tokens/s", published_tflops_per_gpu=1.0, simulated_s=1.0,
-                          simulated_tflops_per_gpu=2.0, time_error=-0.5, tflops_error=1.0, wall_s=0.0, source="s")
+                          simulated_tflops_per_gpu=2.0, time_error=-0.5, tflops_error=1.0, wall_s=0.0, source="s",
+                          source_label="s")
 
     lines = format_table([row("short"), row("a-case-name-longer-than-the-column")]).splitlines()
     gpus_col = lines[0].index("GPUs") + len("GPUs")  # right-aligned header
@@ -136,6 +137,36 @@ def test_every_case_scenario_loads(name: str) -> None:
     assert case.source.url.startswith("https://")
 
 
+def test_errors_are_summarised_per_source_in_first_seen_order() -> None:
+    from sim.validation.published import CaseResult, aggregate_by_source, format_table
+
+    def row(name: str, label: str, err: float) -> CaseResult:
+        return CaseResult(name=name, gpus=8, gpu="H100-SXM", flop_formula="palm-model-flops", flops_per_iteration=1.0,
+                          published_s=1.0, published_from="tokens/s", published_tflops_per_gpu=1.0,
+                          simulated_s=1.0 + err, simulated_tflops_per_gpu=1.0 / (1.0 + err), time_error=err,
+                          tflops_error=1.0 / (1.0 + err) - 1.0, wall_s=0.0, source=label, source_label=label)
+
+    rows = [row("a", "Paper B", -0.20), row("b", "Paper A", 0.02), row("c", "Paper B", 0.10)]
+    by = aggregate_by_source(rows)
+    assert list(by) == ["Paper B", "Paper A"]
+    assert by["Paper B"]["cases"] == 2
+    assert by["Paper B"]["mean_abs_time_error"] == pytest.approx(0.15)  # (20 % + 10 %) / 2
+    assert by["Paper B"]["max_abs_time_error"] == pytest.approx(0.20)
+    assert by["Paper A"]["mean_abs_time_error"] == pytest.approx(0.02)
+    text = format_table(rows)
+    assert "by source" in text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("Paper B"))
+    assert "2 cases" in line and "15.0%" in line and "20.0%" in line
+    assert "by source" not in format_table(rows[:1])  # one source: the overall line says it all
+
+
+def test_every_shipped_case_names_its_source_briefly() -> None:
+    labels = {c.name: c.source.label for c in CASES.cases}
+    assert all(labels.values()), [n for n, label in labels.items() if not label]
+    assert labels["gpt3-175b-1024xa100-nemo-jul2022"] != labels["gpt3-175b-64xa100-nemo-sep2022"]
+    assert labels["mpt-7b-8xa100-llmfoundry"] != labels["mpt-7b-8xh100-llmfoundry"]
+
+
 def test_command_runs_one_case_and_computes_the_table(capsys, tmp_path) -> None:
     out = tmp_path / "table.json"
     assert main(["validate", "--published", "--case", SMALL, "--json", "--out", str(out)]) == 0
@@ -143,6 +174,7 @@ def test_command_runs_one_case_and_computes_the_table(capsys, tmp_path) -> None:
     assert json.loads(out.read_text()) == table
     (row,) = table["cases"]
     assert row["name"] == SMALL and row["gpus"] == 8
+    assert list(table["by_source"]) == [row["source_label"]] == [BY_NAME[SMALL].source.label]
     assert row["published_s"] == pytest.approx(128 * 8192 / (14451 * 8), rel=1e-12)  # tokens/s → seconds
     for key in ("simulated_s", "time_error", "tflops_error", "simulated_tflops_per_gpu"):
         assert math.isfinite(row[key])

@@ -63,6 +63,8 @@ class Source(_Strict):
     venue: str = Field(min_length=1)
     where: str = Field(min_length=1, description="section, table or figure")
     url: str = Field(pattern=r"^https?://")
+    label: str | None = Field(None, min_length=1, max_length=40,
+                              description="short name the table's per-source lines use (default: the title)")
 
 
 class Case(_Strict):
@@ -109,6 +111,7 @@ class CaseResult:
     tflops_error: float    # the same for TFLOP/s per GPU
     wall_s: float
     source: str
+    source_label: str  # the source's short name: cases sharing one are summarised together
     # Where the simulated iteration goes, on the bottleneck GPU (the one with the most compute): its busy
     # compute, the communication it waits for, the mean idle share over GPUs, and its hardware FLOPs (dtsim's
     # own count with recomputation) over its busy compute. ``implied_compute_tflops_per_gpu`` is the rate
@@ -192,6 +195,7 @@ def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -
         published_tflops_per_gpu=pub_tflops, simulated_s=sim_s, simulated_tflops_per_gpu=sim_tflops,
         time_error=(sim_s - pub_s) / pub_s, tflops_error=(sim_tflops - pub_tflops) / pub_tflops,
         wall_s=wall, source=f"{case.source.title} ({case.source.venue}), {case.source.where}",
+        source_label=case.source.label or case.source.title,
         simulated_compute_s=compute_s, simulated_exposed_comm_s=float(summary["exposed_comm_s"]),
         simulated_idle_fraction=float(summary["bubble_fraction"]),
         compute_tflops_per_gpu=hw_tflop / compute_s if hw_tflop is not None and compute_s > 0 else None,
@@ -205,6 +209,15 @@ def aggregate(results: list[CaseResult]) -> dict[str, float]:
     fe = [abs(r.tflops_error) for r in results]
     return {"cases": len(results), "mean_abs_time_error": sum(te) / len(te), "max_abs_time_error": max(te),
             "mean_abs_tflops_error": sum(fe) / len(fe), "max_abs_tflops_error": max(fe)}
+
+
+def aggregate_by_source(results: list[CaseResult]) -> dict[str, dict[str, float]]:
+    """``aggregate`` over each source's cases (by its label), in the order the sources first appear: one
+    stack or one period of a stack can be off while another agrees, and a single mean hides which."""
+    groups: dict[str, list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault(r.source_label, []).append(r)
+    return {label: aggregate(rs) for label, rs in groups.items()}
 
 
 def _name_width(results: list[CaseResult]) -> int:
@@ -227,6 +240,13 @@ def format_table(results: list[CaseResult]) -> str:
     lines.append(f"iteration time: mean |error| {agg['mean_abs_time_error']:.1%}, max {agg['max_abs_time_error']:.1%}"
                  f"; TFLOP/s per GPU: mean |error| {agg['mean_abs_tflops_error']:.1%}, "
                  f"max {agg['max_abs_tflops_error']:.1%} ({agg['cases']} cases)")
+    by_source = aggregate_by_source(results)
+    if len(by_source) > 1:
+        lw = max(len(label) for label in by_source)
+        lines.append("by source (iteration time):")
+        for label, a in by_source.items():
+            lines.append(f"  {label:<{lw}}  {a['cases']:>3} case{'s' if a['cases'] != 1 else ' '}  "
+                         f"mean |error| {a['mean_abs_time_error']:>5.1%}  max {a['max_abs_time_error']:>5.1%}")
     lines.append("err = (simulated − published) / published; TFLOP/s on both sides use the source's own "
                  "FLOP formula (sim/validation/flops.py)")
     return "\n".join(lines)
@@ -260,7 +280,7 @@ def format_breakdown(results: list[CaseResult]) -> str:
 def to_json(results: list[CaseResult], cases_file: Path) -> dict[str, Any]:
     """The machine-readable table."""
     return {"cases_file": str(cases_file), "summary": aggregate(results),
-            "cases": [asdict(r) for r in results]}
+            "by_source": aggregate_by_source(results), "cases": [asdict(r) for r in results]}
 
 
 def build_parser() -> argparse.ArgumentParser:

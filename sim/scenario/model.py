@@ -164,7 +164,8 @@ class CollectiveModel(_Strict):
                 data["algorithm"] = COLLECTIVE_ALGORITHMS[data["op"]][0]
         return data
 
-    @field_validator("size_bytes", mode="before", json_schema_input_type=int | float | str | list[int | float | str])
+    @field_validator("size_bytes", mode="before",
+                     json_schema_input_type=int | float | str | list[int | float | str])
     @classmethod
     def _sizes(cls, value: Any) -> Any:
         return _sizes_in(value)

@@ -107,8 +107,6 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
     """(value, rule, fix) for one pydantic error."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     last = str(path[-1]) if path else "value"
-    # A list item or a GPU id key ends the path with a number; examples name the field it belongs to.
-    named = next((str(p) for p in reversed(path) if not str(p).isdigit()), "value")
     where = dotted(path[:-1]) or "the top level"
     if "[key]" in err["loc"]:
         return show(value), "keys here are GPU ids (whole numbers)", "write e.g. 3: 1.5"
@@ -133,12 +131,12 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
         bound = ctx.get(_CTX_KEY[kind])
         return show(value), f"must be {_COMPARE[kind]} {bound}", f"use a value {_COMPARE[kind]} {bound}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        fix = (
-            "remove the quotes"
-            if isinstance(value, str) and value.strip().isdigit()
-            else f"write e.g. {last}: 4" if last == named else f"write a whole number, e.g. {named}: [4]"
-        )
-        return show(value), "must be a whole number", fix
+        if isinstance(value, str) and value.strip().isdigit():
+            return show(value), "must be a whole number", "remove the quotes"
+        if last.isdigit():  # a list item (or a GPU id key): the example names the field it belongs to
+            named = next((str(p) for p in reversed(path) if not str(p).isdigit()), "value")
+            return show(value), "must be a whole number", f"write a whole number, e.g. {named}: [4]"
+        return show(value), "must be a whole number", f"write e.g. {last}: 4"
     if kind in ("float_type", "float_parsing", "finite_number"):
         return show(value), "must be a finite number", f"write e.g. {last}: 1.5 or {last}: 1.0e+9"
     if kind in ("bool_type", "bool_parsing"):

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -220,14 +221,14 @@ def aggregate_by_source(results: list[CaseResult]) -> dict[str, dict[str, float]
     return {label: aggregate(rs) for label, rs in groups.items()}
 
 
-def _name_width(results: list[CaseResult]) -> int:
+def _name_width(names: Iterable[str]) -> int:
     """The case column's width: the longest name shown (26 at least), so the columns stay aligned."""
-    return max([26, *(len(r.name) for r in results)])
+    return max([26, *(len(n) for n in names)])
 
 
 def format_table(results: list[CaseResult]) -> str:
     """The human-readable comparison printed by the command."""
-    w = _name_width(results)
+    w = _name_width(r.name for r in results)
     head = (f"{'case':<{w}} {'GPUs':>6} {'formula':<20} {'pub s':>8} {'sim s':>8} {'err':>7} "
             f"{'pub TF/s':>9} {'sim TF/s':>9} {'err':>7}")
     lines = [head, "-" * len(head)]
@@ -254,7 +255,7 @@ def format_table(results: list[CaseResult]) -> str:
 
 def format_breakdown(results: list[CaseResult]) -> str:
     """Where each simulated iteration goes, and the compute rate its published time implies."""
-    w = _name_width(results)
+    w = _name_width(r.name for r in results)
     head = (f"{'case':<{w}} {'sim s':>8} {'compute':>8} {'exp comm':>8} {'idle':>6} "
             f"{'busy TF/s':>9} {'implied':>9} {'ratio':>6}")
     lines = [head, "-" * len(head)]
@@ -353,9 +354,8 @@ def run_cases(selected: list[Case], cases_file: Path, overrides: list[str] | Non
     """Every case's result, in the order given. With ``jobs`` > 1 the cases run in that many worker
     processes, a fresh one per case, each simulation on its own core: the set's wall time falls towards
     that of its longest case. Progress lines come in the order the cases finish; bad input, an error or
-    Ctrl-C stops every worker at once. Workers come from a fork server with this module preloaded, not
-    from forking the caller: a caller with threads (a test runner, a notebook) can hold a lock at the
-    fork that its child would then wait on for ever."""
+    Ctrl-C stops every worker at once. Workers come from a fork server with this module preloaded, never
+    from forking the caller (why: ``sim.processes``), so they are the same whatever threads it runs."""
     total = len(selected)
     jobs = min(jobs, total)
     if jobs <= 1 or "forkserver" not in multiprocessing.get_all_start_methods():
@@ -392,7 +392,7 @@ def main(argv: list[str]) -> int:
     cases = load_cases(cases_file)
     selected = _select(cases, args.case)
     if args.list:
-        w = max([26, *(len(c.name) for c in selected)])
+        w = _name_width(c.name for c in selected)
         for c in selected:
             print(f"{c.name:<{w}} {c.scenario}\n{'':<{w}} {c.source.title} ({c.source.venue}), "
                   f"{c.source.where} — {c.source.url}")

@@ -60,6 +60,45 @@ def test_nemo_2022_seconds_from_the_readmes_cluster_tokens(name: str, tokens_per
     assert seconds == pytest.approx(batch * 2048 / tokens_per_s, rel=1e-5)
 
 
+def test_mfu_alone_gives_seconds_against_the_16bit_peak() -> None:
+    # Llama 3 405B at 8K GPUs states 430 TFLOP/s and "43 % BF16 MFU". With the MFU alone the iteration is
+    # PaLM's model FLOPs over 0.43 × the H100's 989 TFLOP/s dense bf16 peak × 8,192 GPUs, written out.
+    from sim.validation.published import Case, peak_16bit_flops_per_s
+
+    name = "llama3-405b-8192xh100"
+    sc = _scenario(name)
+    case = BY_NAME[name]
+    only_mfu = Case.model_validate({**case.model_dump(), "published": {"mfu": 0.43}})
+    peak = peak_16bit_flops_per_s(sc.cluster.gpu)
+    assert peak == pytest.approx(989e12)
+    seconds, origin = published_time_s(only_mfu, sc.model, sc.training.global_batch, sc.total_gpus, peak)
+    assert origin == "MFU"
+    hand_s = palm_model_flops(sc.model, sc.training.global_batch) / (0.43 * 989e12 * 8192)
+    assert seconds == pytest.approx(hand_s, rel=1e-12)
+    # Consistent with the TFLOP/s the same table gives (430 ≈ 0.43 × 989 = 425): within 1.2 %
+    by_tflops, _ = published_time_s(case, sc.model, sc.training.global_batch, sc.total_gpus, peak)
+    assert seconds == pytest.approx(by_tflops, rel=0.012)
+    # A time-giving figure, when present, is preferred over the MFU
+    both = Case.model_validate({**case.model_dump(), "published": {"mfu": 0.5, "tflops_per_gpu": 430}})
+    assert published_time_s(both, sc.model, sc.training.global_batch, sc.total_gpus, peak)[1] == "TFLOP/s"
+
+
+def test_mfu_alone_needs_a_16bit_peak() -> None:
+    from sim.errors import ScenarioError
+    from sim.hardware.gpu import GPUSpec
+    from sim.validation.published import Case, peak_16bit_flops_per_s
+
+    fp32_only = GPUSpec(peak_tflops={"fp32": 20.0}, memory_GB=16, memory_bandwidth_GBps=900)
+    assert peak_16bit_flops_per_s(fp32_only) is None
+    v100 = GPUSpec(peak_tflops={"fp32": 15.7, "fp16": 125.0}, memory_GB=32, memory_bandwidth_GBps=900)
+    assert peak_16bit_flops_per_s(v100) == pytest.approx(125e12)
+    name = "llama3-405b-8192xh100"
+    sc = _scenario(name)
+    only_mfu = Case.model_validate({**BY_NAME[name].model_dump(), "published": {"mfu": 0.43}})
+    with pytest.raises(ScenarioError, match="published.mfu"):
+        published_time_s(only_mfu, sc.model, sc.training.global_batch, sc.total_gpus, None)
+
+
 def test_table_columns_stay_aligned_past_long_case_names() -> None:
     from sim.validation.published import CaseResult, format_table
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import ScenarioError
+from sim.hardware.gpu import GPUSpec
 from sim.scenario.schema import NAME_PATTERN, RuleError, TransformerModel, did_you_mean, show
 from sim.validation.flops import FLOP_FORMULAS
 
@@ -39,20 +40,22 @@ class _Strict(BaseModel):
 
 
 class Published(_Strict):
-    """The figures a source states; at least one of iteration_s, tokens_per_s_per_gpu, tflops_per_gpu."""
+    """The figures a source states; at least one of iteration_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu."""
 
     iteration_s: float | None = Field(None, gt=0, description="seconds per iteration, as published")
     tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="tokens/s per GPU, as published")
     tflops_per_gpu: float | None = Field(
         None, gt=0, description="TFLOP/s per GPU under the source's FLOP formula"
     )
-    mfu: float | None = Field(None, gt=0, le=1, description="model FLOPs utilisation, as published")
+    mfu: float | None = Field(
+        None, gt=0, le=1, description="model FLOPs utilisation, as published: the source formula's FLOPs over "
+        "the GPU's dense 16-bit peak (bf16, else fp16), as PaLM, Llama 3 and llm-foundry define it")
 
     @model_validator(mode="after")
     def _some_time(self) -> Published:
-        if self.iteration_s is None and self.tokens_per_s_per_gpu is None and self.tflops_per_gpu is None:
+        if all(x is None for x in (self.iteration_s, self.tokens_per_s_per_gpu, self.tflops_per_gpu, self.mfu)):
             raise RuleError(None, "(none)", "a case needs a figure that gives a time",
-                            "give iteration_s, tokens_per_s_per_gpu or tflops_per_gpu")
+                            "give iteration_s, tokens_per_s_per_gpu, tflops_per_gpu or mfu")
         return self
 
 
@@ -153,15 +156,31 @@ def scenario_path(case: Case, cases_file: Path) -> Path:
     return REPO_ROOT / p
 
 
-def published_time_s(case: Case, model: TransformerModel, global_batch: int, gpus: int) -> tuple[float, str]:
-    """The published seconds per iteration and what they come from (see published.yaml's header)."""
+def peak_16bit_flops_per_s(gpu: GPUSpec) -> float | None:
+    """The dense 16-bit peak MFU is stated against: bf16, else fp16 (V100 has no bf16); None without either."""
+    for dtype in ("bf16", "fp16"):
+        if dtype in gpu.peak_tflops:
+            return gpu.peak_flops(dtype)
+    return None
+
+
+def published_time_s(case: Case, model: TransformerModel, global_batch: int, gpus: int,
+                     peak_flops_per_s: float | None = None) -> tuple[float, str]:
+    """The published seconds per iteration and what they come from (see published.yaml's header).
+    ``peak_flops_per_s``: the GPU's dense 16-bit peak, needed only when MFU is the one figure given."""
     pub = case.published
     if pub.iteration_s is not None:
         return pub.iteration_s, "iteration time"
     if pub.tokens_per_s_per_gpu is not None:
         return global_batch * model.seq_len / (pub.tokens_per_s_per_gpu * gpus), "tokens/s"
     flops = FLOP_FORMULAS[case.flop_formula](model, global_batch)
-    return flops / (pub.tflops_per_gpu * 1e12 * gpus), "TFLOP/s"  # type: ignore[operator]
+    if pub.tflops_per_gpu is not None:
+        return flops / (pub.tflops_per_gpu * 1e12 * gpus), "TFLOP/s"
+    if peak_flops_per_s is None or peak_flops_per_s <= 0:
+        raise ScenarioError(f"case {case.name}: published.mfu — MFU gives a time only against the GPU's bf16 or "
+                            "fp16 peak, and this GPU states neither; give the GPU a bf16/fp16 peak_tflops or "
+                            "publish another figure (iteration_s, tokens_per_s_per_gpu, tflops_per_gpu)")
+    return flops / (pub.mfu * peak_flops_per_s * gpus), "MFU"  # type: ignore[operator]
 
 
 def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -> CaseResult:
@@ -179,7 +198,7 @@ def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -
                             "scenario")
     gpus, batch = sc.total_gpus, sc.training.global_batch
     flops = FLOP_FORMULAS[case.flop_formula](sc.model, batch)
-    pub_s, pub_from = published_time_s(case, sc.model, batch, gpus)
+    pub_s, pub_from = published_time_s(case, sc.model, batch, gpus, peak_16bit_flops_per_s(sc.cluster.gpu))
     pub_tflops = case.published.tflops_per_gpu or flops / (pub_s * gpus) / 1e12
     t0 = time.perf_counter()
     summary = simulate(sc).summary

@@ -158,6 +158,18 @@ def test_llm_foundry_formula_reproduces_the_tables_mfu(name: str, peak_flops_per
     assert mfu == pytest.approx(case.published.mfu, rel=0.005)
 
 
+def test_narayanan_model_flops_are_eq4_without_the_recomputed_forward() -> None:
+    # GPT-3 175B, B 1536: Eq. 4 counts 4 passes of the layers (3 of the logits); the model count 3 and 3.
+    from sim.validation.flops import narayanan_2021_model
+
+    m = _scenario("gpt3-175b-1024xa100-sc21").model
+    b, s, n, h, v = 1536, 2048, 96, 12288, 51200
+    layers = n * (24 * b * s * h * h + 4 * b * s * s * h)  # one forward pass of every layer
+    logits = 2 * b * s * h * v
+    assert narayanan_2021_model(m, b) == pytest.approx(3 * layers + 3 * logits, rel=1e-12)
+    assert narayanan_2021_eq4(m, b) == pytest.approx(4 * layers + 3 * logits, rel=1e-12)
+
+
 def test_palm_model_flops_by_hand_for_llama3_405b() -> None:
     m = _scenario("llama3-405b-8192xh100").model
     h, f, layers, vocab, s = 16384, 53248, 126, 128256, 8192

@@ -24,6 +24,14 @@ def narayanan_2021_eq4(m: TransformerModel, batch: int) -> float:
     return 96.0 * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * n * h))
 
 
+def narayanan_2021_model(m: TransformerModel, batch: int) -> float:
+    """Eq. 4 of Narayanan et al. without the recomputed forward pass: the model FLOPs (3 passes of the layer
+    GEMMs and attention matmuls, 3 of the logit GEMM) that Megatron papers' MFU counts,
+    F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)), whatever recomputation the run did."""
+    b, s, n, h, v = batch, m.seq_len, m.layers, m.hidden, m.vocab
+    return 72.0 * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * n * h))
+
+
 def matmul_params(m: TransformerModel) -> float:
     """Parameters that multiply activations: every layer's projections plus the output (logit) layer.
     The input embedding is a lookup, not a matmul, so it is left out."""
@@ -76,6 +84,7 @@ def llm_foundry_mfu(m: TransformerModel, batch: int) -> float:
 
 FLOP_FORMULAS: dict[str, Callable[[TransformerModel, int], float]] = {
     "narayanan-2021-eq4": narayanan_2021_eq4,
+    "narayanan-2021-model": narayanan_2021_model,
     "palm-model-flops": palm_model_flops,
     "megatron-2024": megatron_2024,
     "megatron-causal-2025": megatron_causal_2025,

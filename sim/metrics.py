@@ -7,6 +7,7 @@ import numpy as np
 
 from sim.engine.span_table import span_table
 from sim.engine.timeline import COMM_CATEGORIES, COMPUTE_CATEGORIES, STREAM_COMPUTE, Timeline
+from sim.errors import ScenarioError
 from sim.summary import Summary
 
 
@@ -69,6 +70,10 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, w
     """The timeline's figures for a training run (layout, memory and cost are added by ``sim.api``)."""
     steps = len(step_ends)
     t_end = step_ends[-1]
+    if not t_end > 0:  # nothing took time: every rate below would divide by zero
+        raise ScenarioError(f"a training step that takes {t_end:g} s (the model's layers, optimizer and "
+                            "transfers all take 0 s) — there is nothing to time; give model.forward_ms or "
+                            "backward_ms a time > 0", "model")
     step_time = t_end / steps
     # Per GPU, over the whole run, per step.
     per_gpu = breakdown_by_gpu(timeline, list(timeline.gpus), 0.0, t_end)

@@ -276,6 +276,33 @@ def test_plot_on_truncated_files_is_one_line(victim, tmp_path, capsys) -> None:
     assert "corrupt or truncated" in line
 
 
+@pytest.mark.parametrize(("content", "needle"), [
+    ("header", "no spans"), ("", "header lacks"), ("garbage\n", "header lacks"), ("dir", "is not a file")])
+def test_plot_on_an_empty_or_foreign_timeline_is_one_line(content, needle, tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--no-trace"]) == 0
+    capsys.readouterr()
+    csv_p = out / "timeline.csv"
+    header = csv_p.read_text().splitlines()[0] + "\n"
+    csv_p.unlink()
+    if content == "dir":
+        csv_p.mkdir()
+    else:
+        csv_p.write_text(header if content == "header" else content)
+    _fails_in_one_line(["plot", str(out)], capsys, needle)
+
+
+def test_a_step_that_takes_no_time_is_one_line_and_a_sweep_lists_it(tmp_path, capsys) -> None:
+    zero = tmp_path / "zero.yaml"
+    zero.write_text("name: zero\ncluster: {nodes: 1, gpus_per_node: 1, gpu: A100}\n"
+                    "model: {kind: synthetic, layers: 1, forward_ms: 0, backward_ms: 0}\n"
+                    "parallel: {data: 1}\ntraining: {global_batch: 1, micro_batch: 1}\n")
+    _fails_in_one_line(["run", str(zero), "--out", str(tmp_path / "r"), "--no-charts"], capsys, "model.forward_ms")
+    assert main(["sweep", SEED, "--grid", "model.forward_ms=0,10", "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "1 feasible" in out and "1 invalid" in out and "nothing to time" in out
+
+
 def test_trace_counter_is_named_in_its_unit_and_plot_reads_it_back(tmp_path, capsys) -> None:
     from sim.metrics import simulated_peak_memory
     from sim.outputs.replot import load_result

@@ -15,6 +15,8 @@ from sim.errors import ScenarioError
 from sim.outputs.charts import draw_all
 from sim.outputs.timeline_meta import FILE, apply_timeline_meta, read_timeline_meta
 
+_CSV_READ = ("gpu", "stream", "name", "category", "start_s", "dur_s", "microbatch", "bytes")  # columns read back
+
 
 def load_result(result_dir: Path) -> tuple[Timeline, dict]:
     """The timeline and summary of a result folder; a missing or corrupt file is one ScenarioError
@@ -55,14 +57,19 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
     summary_p, csv_p, trace_p = result_dir / "summary.json", result_dir / "timeline.csv", result_dir / "trace.json"
     for p in (summary_p, csv_p):
         if not p.is_file():
-            raise ScenarioError(f"{p} not found; give a folder written by `dtsim run`", "result_dir")
+            state = "is not a file" if p.exists() else "not found"
+            raise ScenarioError(f"{p} {state}; give a folder written by `dtsim run`", "result_dir")
     with _tag(summary_p):
         summary = json.loads(summary_p.read_text(encoding="utf-8"))
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
     tl = Timeline()
     with _tag(csv_p), csv_p.open(encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        missing = [c for c in _CSV_READ if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"its header lacks {', '.join(missing)}")
+        for row in reader:
             if None in row.values() or None in row:
                 raise ValueError(f"line {len(tl.spans) + 2} has the wrong number of fields")
             args: dict[str, float] = {}
@@ -72,6 +79,8 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
                 args["bytes"] = float(row["bytes"])
             tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"],
                                  float(row["start_s"]), float(row["dur_s"]), args))
+        if not tl.spans:
+            raise ValueError("it holds no spans")
     meta_p = result_dir / FILE
     with _tag(meta_p):
         meta = read_timeline_meta(meta_p)

@@ -43,7 +43,7 @@ def _start_profile(opts: CalibrationOptions, config: SweepConfig, argv: list[str
         "sweep_config": config.as_dict(),
     }
     if opts.resume and opts.out.exists():
-        profile = load_profile(opts.out)
+        profile = load_profile(opts.out, field="--out")
         for key, want in (("device", opts.device), ("sweep", config.name), ("world_size", opts.world)):
             have = profile["run"].get(key)
             if have != want:
@@ -135,7 +135,7 @@ def run_calibration(
     launched = torchrun_env()
     rank = launched[0] if launched else 0
     # Finished sections of the profile being resumed (every torchrun rank reads the same file).
-    done: set[str] = finished_sections(load_profile(opts.out)) if opts.resume and opts.out.exists() else set()
+    done: set[str] = finished_sections(load_profile(opts.out, field="--out")) if opts.resume and opts.out.exists() else set()
     todo = [s for s in SECTIONS if s in opts.sections and s not in done]
     gemm_config = config
     if opts.device == "cpu" and config.name == "quick" and GEMM in todo and not launched:

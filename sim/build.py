@@ -101,8 +101,10 @@ def _common(scenario: Scenario, chunks: list[ChunkWork], static: list[float], op
         ls = tr.loss_scaling
         cfg = LossScaleConfig(mode=ls.kind, init_scale=ls.init_scale, growth_factor=ls.growth_factor,
                               backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
-        recs = simulate_loss_scale(scenario.simulation.steps, cfg, overflow_steps=ls.overflow_steps or None,
-                        overflow_prob=ls.overflow_probability, rng=scenario.simulation.seed)
+        by_chance = ls.overflow_probability is not None  # else the given steps overflow (none: a clean run)
+        recs = simulate_loss_scale(scenario.simulation.steps, cfg,
+                                   overflow_steps=None if by_chance else ls.overflow_steps,
+                                   overflow_prob=ls.overflow_probability, rng=scenario.simulation.seed)
         info.loss_scale = [{"step": r.step, "scale": r.scale, "overflow": r.overflow, "skipped": r.skipped}
                            for r in recs]
         overflow = frozenset(r.step for r in recs if r.skipped)

@@ -115,6 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.outputs.resultdir import ResultDir
     from sim.scenario.load import load_scenario
 
+    if args.trace_gz and args.no_trace:
+        raise ScenarioError("--trace-gz asks for trace.json.gz and --no-trace for no trace; give one of them",
+                            "command line")
     sc = load_scenario(args.scenario, args.set or [])
     out = Path(args.out) if args.out else _default_out(sc.name)
     est = check_budget(sc, args.max_events)
@@ -212,6 +215,7 @@ def cmd_validate(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from sim.budget import DEFAULT_MAX_EVENTS, positive_events
+    from sim.explore.cli import path_text
 
     p = _Parser(prog="dtsim", description="Simulate distributed training on GPU clusters.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -219,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate a scenario YAML and write results/<name>/")
     r.add_argument("scenario", help="scenario YAML file")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. parallel.data=4")
-    r.add_argument("--out", help="result folder (default results/<name>)")
+    r.add_argument("--out", type=path_text, help="result folder (default results/<name>)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r.add_argument("--calibration", help="calibration profile JSON (overrides the scenario's)")
+    r.add_argument("--calibration", type=path_text, help="calibration profile JSON (overrides the scenario's)")
     r.add_argument("--no-charts", action="store_true", help="skip the PNG/SVG charts")
     r.add_argument("--max-events", type=positive_events, default=None,
                    help=f"refuse scenarios estimated above this many simulation events (default {DEFAULT_MAX_EVENTS:.0e})")
@@ -237,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="redraw the charts of a result folder")
     pl.add_argument("result_dir")
-    pl.add_argument("--out", help="folder for the charts (default: the result folder)")
+    pl.add_argument("--out", type=path_text, help="folder for the charts (default: the result folder)")
     pl.set_defaults(func=cmd_plot)
 
     from sim.explore.cli import add_explore_commands

@@ -84,3 +84,21 @@ def test_bad_inputs():
         simulate(3)
     with pytest.raises(ScenarioError):
         simulate(3, overflow_prob=0.1)
+
+
+def test_loss_scaling_without_overflows_is_a_clean_run(tmp_path) -> None:
+    # kind static/dynamic with neither overflow_steps nor overflow_probability: no step overflows (it was
+    # refused with a message naming a key that does not exist).
+    from pathlib import Path
+
+    from sim.api import simulate
+    from sim.scenario.load import load_scenario
+
+    seed = Path(__file__).resolve().parent.parent / "scenarios" / "seed-pipeline.yaml"
+    for kind in ("static", "dynamic"):
+        sc = load_scenario(seed, [f"training.loss_scaling={{kind: {kind}, init_scale: 1024}}",
+                                  "simulation.steps=3"])
+        result = simulate(sc)
+        assert len(result.summary.step_times_s) == 3
+        records = result.summary.to_dict().get("loss_scale") or []
+        assert records and not any(r["overflow"] or r["skipped"] for r in records), records

@@ -211,12 +211,79 @@ def _profile_with(tmp_path: Path, edit) -> Path:
         (lambda f: f["gemm"]["bf16"].__setitem__("points", []), "points"),
         (lambda f: f["gemm"]["bf16"]["points"][0].__setitem__(3, 0), "points[0]"),
         (lambda f: f["memory"].__setitem__("kernels", "x"), "kernels"),
+        # FLOP/s so low (or a shape so large) that a GEMM would take ∞ s, or so high that it takes 0 s
+        (lambda f: f["gemm"]["bf16"]["points"][0].__setitem__(3, 1e-300), "points[0]"),
+        (lambda f: f["gemm"]["bf16"]["points"][0].__setitem__(3, 1e300), "points[0]"),
+        (lambda f: f["gemm"]["bf16"]["points"][0].__setitem__(0, 1e300), "points[0]"),
+        (lambda f: f.__setitem__("memory", []), "fits.memory = []"),
     ],
 )
 def test_corrupt_profile_is_one_line_naming_file_and_field(edit, needle, tmp_path, capsys) -> None:
     p = _profile_with(tmp_path, edit)
     line = _fails_in_one_line(["run", SEED, "--calibration", str(p), "--out", str(tmp_path / "o")], capsys, needle)
     assert str(p) in line and "dtsim calibrate" in line
+
+
+def test_a_file_that_is_no_profile_names_the_key_and_the_fix(tmp_path, capsys) -> None:
+    other = tmp_path / "list.json"
+    other.write_text("[]")
+    line = _fails_in_one_line(["run", SEED, "--calibration", str(other), "--out", str(tmp_path / "o")], capsys,
+                              "calibration:")
+    assert "dtsim calibrate --out" in line
+    data = json.loads(PROFILE.read_text())
+    data["schema_version"] = "1"
+    other.write_text(json.dumps(data))
+    _fails_in_one_line(["run", SEED, "--calibration", str(other), "--out", str(tmp_path / "o")], capsys,
+                       "whole number 1")
+
+
+@pytest.mark.parametrize(("setting", "needle"), [('calibration=""', "an empty path"), ("calibration=.", "is not a file")])
+def test_calibration_path_that_is_empty_or_a_folder(setting, needle, tmp_path, capsys) -> None:
+    _fails_in_one_line(["run", SEED, "--set", setting, "--out", str(tmp_path / "o")], capsys, needle)
+
+
+@pytest.mark.parametrize("argv", [["run", SEED, "--out", ""], ["run", SEED, "--calibration", ""],
+                                  ["plot", ".", "--out", ""], ["validate", "--published", "--out", ""]])
+def test_empty_path_options_are_refused(argv, capsys) -> None:
+    _fails_in_one_line(argv, capsys, "empty value")
+
+
+def test_out_under_a_folder_that_takes_no_files_names_both(tmp_path, capsys) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: /proc takes no new files for anyone
+            locked = Path("/proc")
+        target = locked / "x"
+        line = _fails_in_one_line(["run", SEED, "--out", str(target), "--no-charts"], capsys, "cannot be made")
+        assert repr(str(target)) in line and repr(str(locked)) in line
+        # validate --published checks its --out before simulating any case
+        t0 = time.perf_counter()
+        _fails_in_one_line(["validate", "--published", "--case", "llama3-8b-8xh100-nemo", "--out",
+                            str(target / "t.json")], capsys, "cannot be made")
+        assert time.perf_counter() - t0 < 2.0
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+
+
+def test_conflicting_trace_flags_are_one_line(tmp_path, capsys) -> None:
+    _fails_in_one_line(["run", SEED, "--trace-gz", "--no-trace", "--out", str(tmp_path / "o")], capsys, "--trace-gz")
+
+
+def test_sweep_grid_errors_name_the_grid(tmp_path, capsys) -> None:
+    _fails_in_one_line(["sweep", SEED, "--grid", "nosuch.x=1,2", "--out", str(tmp_path / "s")], capsys, "--grid nosuch.x")
+    _fails_in_one_line(["sweep", SEED, "--grid", "parallel.pipeline=a,b", "--out", str(tmp_path / "s")], capsys,
+                       "(from --grid parallel.pipeline=a)")
+
+
+@pytest.mark.parametrize(("content", "needle"), [("", "is empty"), ("name: x\n", "no top-level cases")])
+def test_published_cases_file_that_is_empty_or_not_a_case_set(content, needle, tmp_path, capsys) -> None:
+    f = tmp_path / "cases.yaml"
+    f.write_text(content)
+    _fails_in_one_line(["validate", "--published", "--cases", str(f)], capsys, needle)
+    _fails_in_one_line(["validate", "--published", "--cases", str(tmp_path)], capsys, "is not a file")
+    _fails_in_one_line(["validate", "--published", "--list", "--set", "nosuch=1"], capsys, "--list runs no case")
 
 
 def test_profile_that_is_a_device_is_named_as_such(capsys) -> None:

@@ -361,8 +361,8 @@ def test_override_creates_sections():
     sc = scenario_from_dict(out)
     assert sc.training.global_batch == 4 and sc.microbatches == 2
     assert origins == {
-        "training.global_batch": "training.global_batch=4",
-        "training.micro_batch": "training.micro_batch=2",
+        "training.global_batch": "--set training.global_batch=4",
+        "training.micro_batch": "--set training.micro_batch=2",
     }
 
 

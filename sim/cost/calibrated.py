@@ -42,7 +42,7 @@ class CalibratedCostModel:
 
     def __init__(self, profile_path: str | os.PathLike, fallback: CostModel):
         self.profile_path = str(profile_path)
-        self.profile = load_profile(profile_path)
+        self.profile = load_profile(profile_path, field="calibration")
         self.fallback = fallback
         fits = self.profile["fits"]
         self._gemm = {

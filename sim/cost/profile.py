@@ -53,13 +53,14 @@ def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
         ) from None
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
         raise ScenarioError(
-            f"{str(p)!r} is not a dtsim calibration profile (kind != {PROFILE_KIND!r})", field=field
+            f"{str(p)!r} is not a dtsim calibration profile (its kind must be {PROFILE_KIND!r}); give a "
+            f"profile written by `dtsim calibrate --out {p.name}`", field=field
         )
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise ScenarioError(
-            f"{str(p)!r} has schema_version {version!r}, this dtsim reads {SCHEMA_VERSION}; "
-            "re-run `dtsim calibrate` to measure a new profile",
+            f"{str(p)!r} has schema_version {version!r}; this dtsim reads profiles whose schema_version is the "
+            f"whole number {SCHEMA_VERSION}; re-run `dtsim calibrate` to measure a new profile",
             field=field,
         )
     for key in ("metadata", "run", "sections", "fits"):
@@ -74,6 +75,11 @@ MIN_BANDWIDTH_Bps = 1e6  # 1 MB/s
 MAX_BANDWIDTH_Bps = 1e15
 MAX_ALPHA_S = 1.0  # a collective step's fixed cost of a second is a broken fit
 MAX_PROFILE_BYTES = 64 << 20
+# A measured GEMM: a dimension up to 10⁸ (profiles time up to ~16k), a rate from 1 MFLOP/s (far below any
+# CPU) to 10¹⁷ FLOP/s (20× a B200's dense fp8 peak): outside these a point would price kernels at 0 or ∞ s.
+MAX_GEMM_DIM = 1e8
+MIN_FLOPS_PER_S = 1e6
+MAX_FLOPS_PER_S = 1e17
 
 
 def _finite(x: object, lo: float, hi: float) -> bool:
@@ -104,16 +110,19 @@ def check_fits(fits: dict, path: str, field: str = "profile") -> None:
         if not isinstance(points, list) or not points:
             raise bad(f"{where}.points", points, "must be a non-empty list of [m, n, k, FLOP/s]")
         for i, pt in enumerate(points):
-            if not (isinstance(pt, list) and len(pt) == 4 and all(_finite(v, 1e-300, 1e300) for v in pt)
-                    and all(float(v) >= 1 for v in pt[:3])):
-                raise bad(f"{where}.points[{i}]", pt, "must be [m, n, k, FLOP/s] with m, n, k ≥ 1 and FLOP/s > 0")
+            if not (isinstance(pt, list) and len(pt) == 4 and all(_finite(v, 1, MAX_GEMM_DIM) for v in pt[:3])
+                    and _finite(pt[3], MIN_FLOPS_PER_S, MAX_FLOPS_PER_S)):
+                raise bad(f"{where}.points[{i}]", pt, f"must be [m, n, k, FLOP/s] with m, n, k from 1 to "
+                          f"{MAX_GEMM_DIM:.0e} and FLOP/s from {MIN_FLOPS_PER_S:.0e} to {MAX_FLOPS_PER_S:.0e}")
         if not _finite(table.get("min_time_s"), 0.0, 1.0):
             raise bad(f"{where}.min_time_s", table.get("min_time_s"), "must be a number from 0 to 1 s")
         if "elem_bytes" in table and not _finite(table["elem_bytes"], 0.125, 64):
             raise bad(f"{where}.elem_bytes", table["elem_bytes"], "must be a number from 0.125 to 64")
     memory = fits.get("memory")
     if memory is not None:
-        kernels = memory.get("kernels") if isinstance(memory, dict) else None
+        if not isinstance(memory, dict):
+            raise bad("memory", memory, "must be a mapping with kernels")
+        kernels = memory.get("kernels")
         if not isinstance(kernels, dict) or not kernels:
             raise bad("memory.kernels", kernels, "must be a non-empty mapping of kernel to curve")
         for name, curve in kernels.items():

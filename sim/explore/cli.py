@@ -32,9 +32,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_text(text: str) -> str:
+    """A path option's value: not empty (an empty --out would silently fall back to the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty value (leave the option out for its default)")
+    return text
+
+
 def _gpu_list(text: str) -> list[int]:
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected GPU counts like 512 or 512,1024, got {text!r}") from None
     if not values or any(v < 1 for v in values):
@@ -52,7 +59,7 @@ def _common(p: argparse.ArgumentParser, charts: bool = True) -> None:
         metavar="KEY=VALUE",
         help="override a key in every scenario, e.g. training.global_batch=1024 (repeatable)",
     )
-    p.add_argument("--out", help="result folder (default: a folder under results/)")
+    p.add_argument("--out", type=path_text, help="result folder (default: a folder under results/)")
     p.add_argument(
         "--workers",
         type=positive_int,

@@ -107,7 +107,8 @@ def _check_inputs(base, path: str, objective: str, top: int) -> None:
         raise ScenarioError(f"--top must be at least 1, got {top}", "--top")
     if base.model.kind != "transformer":
         raise ScenarioError(
-            f"plan searches transformer layouts; {path} has a {base.model.kind} model", "model"
+            f"plan searches transformer layouts; {path} has a {base.model.kind} model — give a scenario with a "
+            "transformer model (e.g. model: gpt3-1.3b, as scenarios/gpt3-1.3b-16xa100.yaml)", "model"
         )
     if objective == "time-to-train" and not (base.training.tokens or base.training.train_steps):
         raise ScenarioError(

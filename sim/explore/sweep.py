@@ -139,7 +139,7 @@ def expand(
         pt = Point(i, dict(zip(keys, combo, strict=True)))
         sets = [f"{k}={v}" for k, v in pt.values.items()]
         try:
-            data, origins = apply_overrides(start, sets)
+            data, origins = apply_overrides(start, sets, flag="--grid")
         except ScenarioError as exc:
             if i == 0:  # an unknown key fails every point: report it as the user's mistake
                 raise

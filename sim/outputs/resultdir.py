@@ -51,13 +51,15 @@ def _err(msg: str, field: str = "--out") -> ScenarioError:
     return ScenarioError(msg, field)
 
 
-def _writable_dir(path: Path, field: str) -> None:
-    """Probe by creating (and removing) a file: permissions alone miss /proc, read-only mounts, full disks."""
+def _writable_dir(path: Path, field: str, target: Path | None = None) -> None:
+    """Probe by creating (and removing) a file: permissions alone miss /proc, read-only mounts, full disks.
+    ``target``: the path to be made under ``path`` (named in the message), if not ``path`` itself."""
     try:
         fd, probe = tempfile.mkstemp(dir=path, prefix=".dtsim-probe-")
     except OSError as exc:
-        raise _err(f"{str(path)!r} is not writable ({exc.strerror}); choose a folder you can write to",
-                   field) from None
+        what = (f"{str(target)!r} cannot be made: its folder {str(path)!r} takes no new files"
+                if target is not None and target != path else f"{str(path)!r} is not writable")
+        raise _err(f"{what} ({exc.strerror}); choose a folder you can write to", field) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -72,7 +74,7 @@ def existing_ancestor(path: Path, field: str = "--out") -> Path:
     if not parent.is_dir():
         raise _err(f"{str(path)!r} lies under {str(parent)!r}, which is a file, not a folder; "
                    "choose a path under a folder", field)
-    _writable_dir(parent, field)
+    _writable_dir(parent, field, path)
     return parent
 
 

@@ -199,10 +199,10 @@ def format_error(
     direct = [
         s for p, s in origins.items() if field == p or field.startswith(p + ".") or p.startswith(field + ".")
     ]
-    if direct:
-        message += f" (from --set {_clip(direct[-1])})"
+    if direct:  # origins hold "FLAG setting" (sim.scenario.load.apply_overrides)
+        message += f" (from {_clip(direct[-1])})"
     elif origins:  # a cross-field rule: show every setting in effect
-        message += f" (with {', '.join('--set ' + _clip(s) for s in origins.values())})"
+        message += f" (with {', '.join(_clip(s) for s in origins.values())})"
     return field, message
 
 

@@ -362,14 +362,22 @@ def _store(node: Any, seg: Any, value: Any, path: list[Any], depth: int) -> None
     node[seg] = value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """A deep copy of ``data`` with each ``--set`` applied in order; {dotted path: setting} for messages."""
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str],
+                    flag: str = "--set") -> tuple[dict[str, Any], dict[str, str]]:
+    """A deep copy of ``data`` with each ``--set`` applied in order; {dotted path: "FLAG setting"} for
+    messages. ``flag``: the option the settings came from (a sweep's points come from ``--grid``)."""
     out = copy.deepcopy(data)
     origins: dict[str, str] = {}
     for text in overrides:
-        path, value = parse_override(text)
-        apply_override(out, path, value)
-        origins[dotted(path)] = text.strip()
+        try:
+            path, value = parse_override(text)
+            apply_override(out, path, value)
+        except ScenarioError as exc:
+            if flag == "--set":
+                raise
+            # The override parser names --set; say where the setting really came from.
+            raise ScenarioError(str(exc).replace("--set ", f"{flag} ")) from None
+        origins[dotted(path)] = f"{flag} {text.strip()}"
     return out, origins
 
 

@@ -165,6 +165,9 @@ class Scenario(_Strict):
     def _calibration(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
+        if not value.strip():
+            raise RuleError(None, show(value), "an empty path",
+                            "give the profile's path, or remove calibration to use the datasheet roofline")
         base = (info.context or {}).get("base_dir")
         given = Path(value).expanduser()
         if given.is_absolute():
@@ -174,7 +177,11 @@ class Scenario(_Strict):
         for path in candidates:
             if path.is_file():
                 return str(path.resolve())
-        where = " or ".join(str(p.parent.resolve()) for p in candidates)
+        for path in candidates:
+            if path.exists():
+                raise RuleError(None, show(value), f"{path} is not a file (a calibration profile is one JSON file)",
+                                "give the profile's file, e.g. profiles/h100.json")
+        where = " or ".join(dict.fromkeys(str(p.parent.resolve()) for p in candidates))
         raise RuleError(
             None,
             show(value),

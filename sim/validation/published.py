@@ -136,13 +136,19 @@ def load_cases(path: str | Path = DEFAULT_CASES) -> CaseSet:
 
     p = Path(path)
     if not p.is_file():
-        raise one_line(f"{show(str(path))} — no such file; give the published-cases YAML "
+        state = "is not a file" if p.exists() else "no such file"
+        raise one_line(f"{show(str(path))} — {state}; give the published-cases YAML "
                        f"(default {DEFAULT_CASES})", "--cases")
     data = parse_yaml(p.read_text(encoding="utf-8"), show(str(path)), "--cases")
+    if not isinstance(data, dict) or "cases" not in data:
+        what = "is empty" if data is None else "has no top-level cases: list"
+        raise one_line(f"{show(str(path))} — {what}; a published-cases file is a mapping with a cases: list, like "
+                       f"{DEFAULT_CASES}", "--cases")
     try:
         return CaseSet.model_validate(data)
     except ValidationError as exc:
-        raise to_scenario_error(exc, CaseSet) from None
+        err = to_scenario_error(exc, CaseSet)
+        raise ScenarioError(f"{show(str(path))}: {err}", "--cases") from None
 
 
 def scenario_path(case: Case, cases_file: Path) -> Path:
@@ -305,16 +311,16 @@ def to_json(results: list[CaseResult], cases_file: Path) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     from sim.cli import _Parser
-    from sim.explore.cli import positive_int
+    from sim.explore.cli import path_text, positive_int
 
     p = _Parser(prog=PROG, description="Simulate the published training runs and compare with their figures.")
     p.add_argument("--published", action="store_true", required=True,
                    help="compare with the published-figures set (no torch needed)")
     p.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable)")
-    p.add_argument("--cases", default=str(DEFAULT_CASES), metavar="FILE",
+    p.add_argument("--cases", type=path_text, default=str(DEFAULT_CASES), metavar="FILE",
                    help="the case set (default: the set shipped with dtsim)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON table to FILE")
+    p.add_argument("--out", type=path_text, metavar="FILE", help="also write the JSON table to FILE")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key in every case's scenario, e.g. calibration=profile.json")
     p.add_argument("--list", action="store_true", help="list the cases and their sources; run nothing")
@@ -406,8 +412,13 @@ def main(argv: list[str]) -> int:
     """Run the command with ``argv`` (the arguments after 'validate'); ScenarioError → the caller's exit 2."""
     args = build_parser().parse_args(argv)
     cases_file = Path(args.cases)
-    if args.out and Path(args.out).is_dir():
-        raise ScenarioError(f"{show(args.out)} — is a folder; give a .json file path", "--out")
+    if args.out:
+        from sim.outputs.resultdir import check_output_file
+
+        check_output_file(args.out, "--out")  # before any case runs: a bad path is not found minutes later
+    if args.list and args.set:
+        raise ScenarioError(f"{show(args.set[0])} — --list runs no case, so --set would change nothing; "
+                            "drop --set, or --list to run the cases", "--set")
     cases = load_cases(cases_file)
     selected = _select(cases, args.case)
     if args.list:

@@ -168,7 +168,7 @@ def fused_wgrad(op: Op, ks: KernelSet, gbytes: int, ebytes: int) -> Op:
     """A weight-gradient GEMM as the kernel set runs it: with gradient-accumulation fusion it reads and
     writes its fp32 output (β = 1) instead of writing a 16-bit one."""
     if ks.gradient_accumulation_fusion and gbytes > ebytes and op.kind == GEMM:
-        return dataclasses.replace(op, bytes=op.bytes + op.k * op.n * (2 * gbytes - ebytes))
+        return dataclasses.replace(op, bytes=op.bytes + op.batch * op.k * op.n * (2 * gbytes - ebytes))
     return op
 
 

@@ -314,13 +314,14 @@ def _activation_bwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
 
 
 def _dgrad(op: Op) -> Op:
-    """Input gradient of Y[m,n] = X[m,k] W[k,n]: dX[m,k] = dY[m,n] W^T[n,k]."""
-    return gemm(f"{op.name}.dgrad", op.m, op.k, op.n, op.dtype)
+    """Input gradient of Y[m,n] = X[m,k] W[k,n]: dX[m,k] = dY[m,n] W^T[n,k], as many times as the
+    forward ran (``batch``: a GPU's local experts, each with its own weights)."""
+    return gemm(f"{op.name}.dgrad", op.m, op.k, op.n, op.dtype, batch=op.batch)
 
 
 def _wgrad(op: Op) -> Op:
-    """Weight gradient of Y[m,n] = X[m,k] W[k,n]: dW[k,n] = X^T[k,m] dY[m,n]."""
-    return gemm(f"{op.name}.wgrad", op.k, op.n, op.m, op.dtype)
+    """Weight gradient of Y[m,n] = X[m,k] W[k,n]: dW[k,n] = X^T[k,m] dY[m,n], once per forward GEMM."""
+    return gemm(f"{op.name}.wgrad", op.k, op.n, op.m, op.dtype, batch=op.batch)
 
 
 # ---------------------------------------------------------------------------------------------- ops

@@ -735,3 +735,28 @@ def test_pytorch_fsdp_predivide_stays_without_overlap() -> None:
     for a in pre:
         b = dp[dp.index(a) + 1]
         assert b.args["op"] == "reduce_scatter" and b.start_s == pytest.approx(a.end_s, abs=1e-12)
+
+
+def test_a_preset_given_other_peaks_prices_its_kernels_at_those_peaks() -> None:
+    # The reference profile was measured on the preset: a scenario that keeps the name but raises the
+    # 16-bit peaks (e.g. --set cluster.gpu.peak_tflops.bf16=400) gets kernels 400/312 as fast, not the
+    # preset's (the edited peak used to cancel out of the ceiling, leaving the step unchanged).
+    from sim.workload.ops import gemm
+
+    a100 = GPU_PRESETS["A100-80GB"]
+    faster = a100.model_copy(update={"peak_tflops": {**a100.peak_tflops, "bf16": 400.0, "fp16": 400.0}})
+    base, edited = RooflineCostModel(a100), RooflineCostModel(faster)
+    op = gemm("g", 8192, 8192, 8192, "bf16")
+    assert edited.gemm_flops_per_s(op) == pytest.approx(base.gemm_flops_per_s(op) * 400 / 312, rel=1e-12)
+    fwd, _ = _attention_pair(base, GPT3)
+    assert edited.attention_flops_per_s(fwd) == pytest.approx(base.attention_flops_per_s(fwd) * 400 / 312, rel=1e-12)
+
+
+def test_editing_an_efficiency_the_reference_profile_replaces_warns() -> None:
+    a100 = GPU_PRESETS["A100-80GB"]
+    with pytest.warns(UserWarning, match="gemm_efficiency of A100-80GB not used"):
+        RooflineCostModel(a100.model_copy(update={"gemm_efficiency": 0.9}))
+    # Renamed, it has no reference profile: its own efficiency × peak is the GEMM ceiling
+    custom = RooflineCostModel(a100.model_copy(update={"name": "A100-custom", "gemm_efficiency": 0.9}))
+    assert custom.reference is None
+    assert custom.gemm_model("bf16").ceiling_flops_per_s == pytest.approx(0.9 * 312e12)

@@ -15,13 +15,30 @@
 
 from __future__ import annotations
 
+import warnings
+
 from sim.cost.gemm_model import GemmShapeModel
 from sim.cost.reference import ReferenceProfile, reference_profile
 from sim.errors import ScenarioError
-from sim.hardware.gpu import GPUSpec
+from sim.hardware.gpu import GPU_PRESETS, GPUSpec
 from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, TE_ATTENTION, Op
 
 FLASH_BWD_EXECUTED = 2.5 / 2.0  # backward runs 5 matmuls of the forward's 2 (recomputes QKᵀ); model FLOPs count 2×
+# GPU fields a reference profile's measured figures stand in for (their edits on a preset do nothing).
+_REFERENCE_REPLACES = ("gemm_efficiency", "attention_efficiency", "memory_efficiency")
+
+
+def _peak_16bit(gpu: GPUSpec) -> float:
+    return gpu.peak_flops("bf16" if "bf16" in gpu.peak_tflops else "fp16")
+
+
+def _warn_ignored(gpu: GPUSpec, preset: GPUSpec) -> None:
+    """One warning line when a scenario edits efficiencies of a preset its reference profile prices."""
+    changed = [f for f in _REFERENCE_REPLACES if getattr(gpu, f) != getattr(preset, f)]
+    if changed:
+        warnings.warn(f"cluster.gpu: {', '.join(changed)} of {gpu.name} not used — its reference profile "
+                      f"(sim/cost/reference/) prices its kernels from measurements; rename the GPU (e.g. name: "
+                      f"{gpu.name}-custom) to price it by these efficiencies instead", stacklevel=3)
 
 
 class RooflineCostModel:
@@ -30,6 +47,13 @@ class RooflineCostModel:
     def __init__(self, gpu: GPUSpec, use_reference: bool = True):
         self.gpu = gpu
         self.reference: ReferenceProfile | None = reference_profile(gpu.name) if use_reference else None
+        # The reference profile's figures were measured on the preset of that name: kernel rates scale
+        # with this GPU's peaks over the preset's, so a preset given faster (or slower) peaks in a
+        # scenario runs faster (or slower), not at the preset's measured rate.
+        preset = GPU_PRESETS.get(gpu.name)
+        self._reference_peak_16bit = _peak_16bit(preset) if self.reference and preset else None
+        if self.reference is not None and preset is not None:
+            _warn_ignored(gpu, preset)
         fraction = self.reference.memory_fraction if self.reference else gpu.memory_efficiency
         self._mem_Bps = gpu.memory_bw_Bps * fraction
         self._gemm: dict[str, GemmShapeModel] = {}
@@ -46,7 +70,10 @@ class RooflineCostModel:
             ) from None
 
     def _peak_16bit(self) -> float:
-        """The bf16 (else fp16) dense peak: what public kernel figures are measured against."""
+        """The bf16 (else fp16) dense peak of the GPU the public kernel figures were measured on: the
+        preset of this name where the reference profile comes from one, else this GPU's."""
+        if self._reference_peak_16bit is not None:
+            return self._reference_peak_16bit
         return self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
 
     def gemm_model(self, dtype: str) -> GemmShapeModel:

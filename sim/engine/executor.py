@@ -278,29 +278,33 @@ class TrainingExecutor:
         _, _, stage = self.layout.coords(g)
         if job.embedding_sync_bytes <= 0 or stage not in (0, job.pp - 1):
             return
-        start = self.env.now
         self._waiting[g] = f"embedding gradient all-reduce (step {step})"
-        yield from self._cross_stage(g, "emb", job.embedding_sync_bytes, step)
+        start = yield from self._cross_stage(g, "emb", job.embedding_sync_bytes, step)
         self.world.span(g, STREAM_COMM, "embedding grads all_reduce", COMM_EMB, start,
                         {"bytes": job.embedding_sync_bytes, "op": "all_reduce", "step": step})
 
-    def _cross_stage(self, g: int, kind: str, size_bytes: float, step: int):
-        """An all-reduce over a group spanning pipeline stages ("emb", "mp"). Every GPU simulated: the
-        usual rendezvous. With symmetry, each stage's representative stands for its own stage only, so
-        they rendezvous here: the first to be listed runs the collective once all have arrived (with
-        the same-node mirrors' own groups alongside, since they may share the NICs), the others wait."""
-        if not self.symmetric:
-            yield from self._collective(g, kind, "all_reduce", size_bytes)
-            return
+    def _cross_stage(self, g: int, kind: str, size_bytes: float, step: int, what: str = ""):
+        """An all-reduce over a group spanning pipeline stages ("emb", "mp"; ``what`` tells apart two of
+        one step). Its members arrive as their stages finish, so they rendezvous first; returns when the
+        last arrived: the collective runs from then on, and the wait before it is pipeline idle time, not
+        communication. With symmetry each stage's representative stands for its own stage only: the first
+        to be listed runs the collective (with the same-node mirrors' own groups alongside, since they may
+        share the NICs), the others wait for it."""
         group = self._group(g, kind)
-        members = [x for x in group if x in self._simulated]
-        tag = (kind, step, tuple(group))
+        tag = (kind, what, step, tuple(group))
         self._event(("arrive", *tag, g)).succeed()
+        if not self.symmetric:
+            yield self.env.all_of([self._event(("arrive", *tag, x)) for x in group])
+            start = self.env.now
+            yield from self._collective(g, kind, "all_reduce", size_bytes)
+            return start
+        members = [x for x in group if x in self._simulated]
         done = self._event(("done", *tag))
         if g != members[0]:
             yield done
-            return
+            return done.value
         yield self.env.all_of([self._event(("arrive", *tag, x)) for x in members])
+        start = self.env.now
         world, p = self.world, len(group)
         choice = choose("all_reduce", kind, size_bytes, world.topology, group, self.comm, self._choices)
         groups = self.job.dp * self.job.tp if kind == "emb" else self.layout.world_size // p
@@ -318,7 +322,8 @@ class TrainingExecutor:
                 seen.add(tuple(other))
                 run(other)
         yield mine
-        done.succeed()
+        done.succeed(start)
+        return start
 
     # ---- compute ---------------------------------------------------------------------------------
     def _share_of(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None = None) -> float:
@@ -771,9 +776,8 @@ class TrainingExecutor:
         env, world = self.env, self.world
         if job.unscale is not None:
             yield from self._blocks(g, (job.unscale,), OPTIMIZER, {"step": step}, "loss-scale")
-            start = env.now
-            yield from self._collective(g, "mp", "all_reduce", 4.0)
-            if env.now > start:
+            if len(self._group(g, "mp")) > 1:
+                start = yield from self._cross_stage(g, "mp", 4.0, step, "found_inf")
                 world.span(g, STREAM_COMM, "found_inf all_reduce", COMM_TP, start, {"bytes": 4.0, "op": "all_reduce"})
         if step in job.overflow_steps:
             return  # overflow: the update is skipped, the scale backs off
@@ -783,7 +787,8 @@ class TrainingExecutor:
             # The squared norm is summed over the model-parallel group (and over data-parallel ranks
             # when ZeRO shards the gradients or the optimizer: Megatron's distributed optimizer).
             # A 4-byte all-reduce: the tuner picks what NCCL would for so small a message.
-            yield from self._cross_stage(g, "mp", 4.0, step)
+            if len(self._group(g, "mp")) > 1:
+                start = yield from self._cross_stage(g, "mp", 4.0, step, "clip")
             if job.zero >= 1:
                 yield from self._collective(g, "dp", "all_reduce", 4.0)
             if env.now > start:

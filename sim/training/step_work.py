@@ -68,7 +68,13 @@ def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_
     out = []
     for i, seg in enumerate(segments):
         dur = ops_time_s(cost, seg.ops, host_s)
-        name = seg.ops[0].name if seg.ops else (seg.comm or f"seg{i}")
+        # Named after its longest kernel (a segment's first op is often a small cast or norm), with how
+        # many others share the block: the timeline shows where the time goes.
+        if seg.ops:
+            main = max(seg.ops, key=cost.op_time_s)
+            name = main.name if len(seg.ops) == 1 else f"{main.name} +{len(seg.ops) - 1}"
+        else:
+            name = seg.comm or f"seg{i}"
         out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops),
                          overlap=seg.overlap))
     return tuple(out)

@@ -295,7 +295,10 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                    sw.weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes,
                                                     fsdp), (),
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
-                                   activation_bytes=logits_act, **fsdp_kernels(head_params)))
+                                   # the logits' gradient lives while the head's backward runs: the
+                                   # counter track holds the "logits + their gradient" of the analytic peak
+                                   activation_bytes=logits_act, workspace_bytes=logits_act,
+                                   **fsdp_kernels(head_params)))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
     info = JobInfo(tokens_per_sample=m.seq_len)
     gb = tr.global_batch

@@ -368,8 +368,10 @@ def test_memory_track_holds_the_recompute_workspace() -> None:
     first = min((s for s in r.timeline.spans if s.gpu == 0 and s.category == RECOMPUTE), key=lambda s: s.start_s)
     samples = [c for c in r.timeline.counters if c.gpu == 0]
     at = [i for i, c in enumerate(samples) if c.t_s == first.start_s]
-    jump = samples[at[-1]].value - samples[at[0] - 1].value
-    assert jump == pytest.approx(ws, rel=1e-9)
+    # At that instant the head's backward also releases its logits and their gradient: among the steps
+    # of the track there, one is the workspace's allocation.
+    steps = [samples[i].value - samples[i - 1].value for i in at]
+    assert any(d == pytest.approx(ws, rel=1e-9) for d in steps), steps
 
 
 def test_small_kernels_are_bound_by_host_dispatch() -> None:

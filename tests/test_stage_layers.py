@@ -45,7 +45,7 @@ def test_uneven_gpipe_forward_matches_closed_form():
     ([2, 2, 2], "needs one entry per model chunk"),
     ([2, 2, 2, 1], "add up to 7"),
     ([2, 0, 3, 3], "stage_layers[1]"),
-    ([0, 3, 3, 2], "every chunk need at least one layer"),  # synthetic: no embedding on the first chunk
+    ([0, 3, 3, 2], "every chunk needs at least one layer"),  # synthetic: no embedding on the first chunk
 ])
 def test_bad_stage_layers_are_one_line(counts, expect):
     with pytest.raises(ScenarioError) as e:

@@ -137,9 +137,10 @@ def _stage_layers(sc: Scenario) -> None:
     ends = (0, chunks - 1) if isinstance(m, TransformerModel) else ()
     for i, k in enumerate(counts):
         if k == 0 and i not in ends:
-            where = "chunks other than the first and last" if ends else "every chunk"
+            where = "chunks other than the first and last need" if ends else "every chunk needs"
             raise RuleError(f"parallel.stage_layers[{i}]", "0",
-                            f"{where} need at least one layer", "move a layer into it")
+                            f"{where} at least one layer (the first and last may hold only the embedding "
+                            "or the head of a transformer)", "move a layer into it")
 
 
 def _tensor_problem(m: TransformerModel, t: int, sp: bool, micro_batch: int) -> tuple[str, int, str] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sim.errors import ScenarioError, SimulationError
-from sim.units import format_seconds
+from sim.units import format_days, format_seconds
 
 if TYPE_CHECKING:
     from sim.summary import Summary
@@ -81,7 +81,7 @@ def summary_table(s: Summary) -> str:
             c += f", ${s.cost_per_1M_tokens_usd:.4g}/1M tokens"
         rows.append(("cost", c))
     if s.time_to_train_days is not None:
-        rows.append(("time to train", f"{s.time_to_train_days:.2f} days, "
+        rows.append(("time to train", f"{format_days(s.time_to_train_days)}, "
                                       f"${s.cost_to_train_usd:,.0f}, {s.energy_to_train_MWh:.1f} MWh"))
     rel = s.reliability
     if rel:

@@ -36,6 +36,14 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / US:.2f} µs"
 
 
+def format_days(days: float) -> str:
+    """A time to train: days from one day up, else hours, else minutes (a short run is not '0.00 days')."""
+    if days >= 1:
+        return f"{days:.2f} days"
+    hours = days * 24
+    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min"
+
+
 def format_duration(seconds: float) -> str:
     """3 significant digits in s, ms or µs, never an exponent: tables and chart titles."""
     for scale, unit in ((1.0, "s"), (MS, "ms"), (US, "µs")):

@@ -109,3 +109,16 @@ def test_console_check_catches_external_loads_and_script_errors(tmp_path):
     bad.write_text(report_html(tmp_path).replace("<body>", '<body><img src="https://example.com/x.png">'))
     res = _chromium(["--dump-dom", bad.resolve().as_uri()], tmp_path)
     assert any("example.com" in line for line in _console_errors(res.stderr))
+
+
+def test_short_time_to_train_is_not_zero_days_and_synthetic_runs_show_no_tokens(tmp_path) -> None:
+    from sim.cli import main
+    from sim.units import format_days
+
+    assert format_days(2.5) == "2.50 days" and format_days(0.5) == "12.0 h" and format_days(1 / 48) == "30.0 min"
+    seed = str(Path(__file__).resolve().parent.parent / "scenarios" / "seed-pipeline.yaml")
+    out = tmp_path / "r"
+    assert main(["run", seed, "--out", str(out), "--no-charts", "--set", "simulation.steps=3"]) == 0
+    html = (out / "report.html").read_text()
+    assert "tokens/s" not in html  # a synthetic model has samples, not tokens
+    assert "p50/p90/p99" in html

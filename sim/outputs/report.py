@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sim.outputs.writers import atomic_write_text
 from sim.summary import SummaryView
-from sim.units import format_seconds
+from sim.units import format_days, format_seconds
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 CHART_ORDER = ("gantt", "pipeline", "memory", "compare", "sweep")  # the rest follow alphabetically
@@ -73,8 +73,12 @@ def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
         (
             "tokens_per_s",
             "throughput",
-            lambda x: f"{s.get('samples_per_s', 0.0):.4g} samples/s, {x:,.0f} tokens/s",
+            lambda x: f"{s.get('samples_per_s', 0.0):.4g} samples/s"
+                      + (f", {x:,.0f} tokens/s" if s.get("workload") == "transformer" else ""),
         ),
+        ("step_time_p50_s", "step time p50/p90/p99",
+         lambda x: f"{format_seconds(x)} / {format_seconds(s.get('step_time_p90_s') or x)} / "
+                   f"{format_seconds(s.get('step_time_p99_s') or x)} over {len(s.get('step_times_s') or [])} steps"),
         ("compute_s", "compute / step", format_seconds),
         ("exposed_comm_s", "exposed communication / step", format_seconds),
         ("bubble_fraction", "bubble (idle) fraction", lambda x: f"{x:.1%}"),
@@ -107,7 +111,7 @@ def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
             (
                 "time to train",
                 _e(
-                    f"{s['time_to_train_days']:.2f} days, ${s.get('cost_to_train_usd', 0):,.0f}, "
+                    f"{format_days(s['time_to_train_days'])}, ${s.get('cost_to_train_usd', 0):,.0f}, "
                     f"{s.get('energy_to_train_MWh', 0):.1f} MWh"
                 ),
             )

@@ -63,13 +63,13 @@ def test_nemo_2022_seconds_from_the_readmes_cluster_tokens(name: str, tokens_per
 def test_mfu_alone_gives_seconds_against_the_16bit_peak() -> None:
     # Llama 3 405B at 8K GPUs states 430 TFLOP/s and "43 % BF16 MFU". With the MFU alone the iteration is
     # PaLM's model FLOPs over 0.43 × the H100's 989 TFLOP/s dense bf16 peak × 8,192 GPUs, written out.
-    from sim.validation.published import Case, peak_16bit_flops_per_s
+    from sim.validation.published import Case
 
     name = "llama3-405b-8192xh100"
     sc = _scenario(name)
     case = BY_NAME[name]
     only_mfu = Case.model_validate({**case.model_dump(), "published": {"mfu": 0.43}})
-    peak = peak_16bit_flops_per_s(sc.cluster.gpu)
+    peak = sc.cluster.gpu.peak_16bit_flops()
     assert peak == pytest.approx(989e12)
     seconds, origin = published_time_s(only_mfu, sc.model, sc.training.global_batch, sc.total_gpus, peak)
     assert origin == "MFU"
@@ -86,12 +86,12 @@ def test_mfu_alone_gives_seconds_against_the_16bit_peak() -> None:
 def test_mfu_alone_needs_a_16bit_peak() -> None:
     from sim.errors import ScenarioError
     from sim.hardware.gpu import GPUSpec
-    from sim.validation.published import Case, peak_16bit_flops_per_s
+    from sim.validation.published import Case
 
     fp32_only = GPUSpec(peak_tflops={"fp32": 20.0}, memory_GB=16, memory_bandwidth_GBps=900)
-    assert peak_16bit_flops_per_s(fp32_only) is None
+    assert fp32_only.peak_16bit_flops() is None
     v100 = GPUSpec(peak_tflops={"fp32": 15.7, "fp16": 125.0}, memory_GB=32, memory_bandwidth_GBps=900)
-    assert peak_16bit_flops_per_s(v100) == pytest.approx(125e12)
+    assert v100.peak_16bit_flops() == pytest.approx(125e12)
     name = "llama3-405b-8192xh100"
     sc = _scenario(name)
     only_mfu = Case.model_validate({**BY_NAME[name].model_dump(), "published": {"mfu": 0.43}})

@@ -28,10 +28,6 @@ FLASH_BWD_EXECUTED = 2.5 / 2.0  # backward runs 5 matmuls of the forward's 2 (re
 _REFERENCE_REPLACES = ("gemm_efficiency", "attention_efficiency", "memory_efficiency")
 
 
-def _peak_16bit(gpu: GPUSpec) -> float:
-    return gpu.peak_flops("bf16" if "bf16" in gpu.peak_tflops else "fp16")
-
-
 def _warn_ignored(gpu: GPUSpec, preset: GPUSpec) -> None:
     """One warning line when a scenario edits efficiencies of a preset its reference profile prices."""
     changed = [f for f in _REFERENCE_REPLACES if getattr(gpu, f) != getattr(preset, f)]
@@ -51,7 +47,7 @@ class RooflineCostModel:
         # with this GPU's peaks over the preset's, so a preset given faster (or slower) peaks in a
         # scenario runs faster (or slower), not at the preset's measured rate.
         preset = GPU_PRESETS.get(gpu.name)
-        self._reference_peak_16bit = _peak_16bit(preset) if self.reference and preset else None
+        self._reference_peak_16bit = preset.peak_16bit_flops() if self.reference and preset else None
         if self.reference is not None and preset is not None:
             _warn_ignored(gpu, preset)
         fraction = self.reference.memory_fraction if self.reference else gpu.memory_efficiency
@@ -72,9 +68,8 @@ class RooflineCostModel:
     def _peak_16bit(self) -> float:
         """The bf16 (else fp16) dense peak of the GPU the public kernel figures were measured on: the
         preset of this name where the reference profile comes from one, else this GPU's."""
-        if self._reference_peak_16bit is not None:
-            return self._reference_peak_16bit
-        return self._peak("bf16") if "bf16" in self.gpu.peak_tflops else self._peak("fp16")
+        peak = self._reference_peak_16bit or self.gpu.peak_16bit_flops()
+        return peak if peak is not None else self._peak("fp16")  # neither: the one clear error _peak gives
 
     def gemm_model(self, dtype: str) -> GemmShapeModel:
         model = self._gemm.get(dtype)

@@ -54,6 +54,14 @@ class GPUSpec(BaseModel):
             return self.peak_tflops["fp32"] * TFLOPS
         raise KeyError(dtype)
 
+    def peak_16bit_flops(self) -> float | None:
+        """The dense bf16 (else fp16) peak: what public kernel figures and MFU are stated against; None
+        for a GPU with neither."""
+        for dtype in ("bf16", "fp16"):
+            if dtype in self.peak_tflops:
+                return self.peak_flops(dtype)
+        return None
+
     @property
     def memory_bytes(self) -> float:
         return self.memory_GB * GB

@@ -26,7 +26,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import ScenarioError
-from sim.hardware.gpu import GPUSpec
 from sim.scenario.schema import NAME_PATTERN, RuleError, TransformerModel, did_you_mean, show
 from sim.validation.flops import FLOP_FORMULAS
 
@@ -162,14 +161,6 @@ def scenario_path(case: Case, cases_file: Path) -> Path:
     return REPO_ROOT / p
 
 
-def peak_16bit_flops_per_s(gpu: GPUSpec) -> float | None:
-    """The dense 16-bit peak MFU is stated against: bf16, else fp16 (V100 has no bf16); None without either."""
-    for dtype in ("bf16", "fp16"):
-        if dtype in gpu.peak_tflops:
-            return gpu.peak_flops(dtype)
-    return None
-
-
 def published_time_s(case: Case, model: TransformerModel, global_batch: int, gpus: int,
                      peak_flops_per_s: float | None = None) -> tuple[float, str]:
     """The published seconds per iteration and what they come from (see published.yaml's header).
@@ -204,7 +195,7 @@ def run_case(case: Case, cases_file: Path, overrides: list[str] | None = None) -
                             "scenario")
     gpus, batch = sc.total_gpus, sc.training.global_batch
     flops = FLOP_FORMULAS[case.flop_formula](sc.model, batch)
-    pub_s, pub_from = published_time_s(case, sc.model, batch, gpus, peak_16bit_flops_per_s(sc.cluster.gpu))
+    pub_s, pub_from = published_time_s(case, sc.model, batch, gpus, sc.cluster.gpu.peak_16bit_flops())
     pub_tflops = case.published.tflops_per_gpu or flops / (pub_s * gpus) / 1e12
     t0 = time.perf_counter()
     summary = simulate(sc).summary

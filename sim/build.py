@@ -223,8 +223,10 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         recompute = fwd
     elif ck.kind == "selective":
         ring = cp if (par.context_attention or "ring") == "ring" else 1  # a ring block is one of cp steps
+        # the attention core (a ring of cp steps) and, under context parallelism, its bookkeeping kernels
         recompute = sw.op_block(cost, "attention",
-                              [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)] * ring, host)
+                                [op for s in lo.forward for op in s.ops if tf.is_attention_core(op)] * ring
+                                + [op for s in lo.forward for op in s.ops if ctx.is_ring_bookkeeping(op)], host)
     else:
         recompute = ()
     layer_act = partial(mem.activation_bytes_per_layer, seq=seq, micro_batch=b, hidden=m.hidden,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sim.api import simulate
-from sim.engine.timeline import COMM_CP, FORWARD
+from sim.cost.reference import reference_profile
+from sim.engine.timeline import BACKWARD, COMM_CP, FORWARD
 from sim.errors import ScenarioError
+from sim.hardware.gpu import GPU_PRESETS
 from sim.hardware.links import INTRA_PRESETS
 from sim.hardware.nccl import base_latency_s
 from sim.scenario import scenario_from_dict
@@ -79,10 +81,53 @@ def test_symmetric_matches_every_gpu():
     assert on["step_time_s"] == pytest.approx(off["step_time_s"], rel=5e-3)
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_bookkeeping_kernels_on_the_timeline(cp):
+    """Transformer Engine's kernels around the ring, by hand: Q/O/dQ hold E = b·(s/cp)·h/t elements and K
+    (or V) Ekv = b·(s/cp)·kv_dim/t, 2 bytes each. Forward: the K/V pack reads and writes K and V (8·Ekv
+    bytes); step 0's output rescale reads one tensor and writes one (4E), each later step's reads two and
+    writes one (6E), each with the fp32 log-sum-exp (4·E/d bytes), and cp − 1 log-sum-exp merges (3 × that).
+    Backward: the pack again, then per step dQ, dK and dV copied (step 0: 4 bytes per element) or added (6).
+    Every kernel streams at the H100 reference profile's bandwidth and pays one launch."""
+    res = simulate(scenario_from_dict(_llama(cp)))
+    gpu = GPU_PRESETS["H100-SXM"]
+    bw = gpu.memory_bw_Bps * reference_profile("H100-SXM").memory_fraction
+    launch = gpu.kernel_launch_s
+    t, s, b, h, kv_dim, hd = 2, 32768, 1, 4096, 8 * 128, 128
+    e_q, e_kv = b * (s // cp) * h // t, b * (s // cp) * kv_dim // t
+    lse = 4 * e_q / hd
+    pack = 8 * e_kv / bw + launch
+    out = (4 * e_q + lse + (cp - 1) * (6 * e_q + lse) + (cp - 1) * 3 * lse) / bw + (2 * cp - 1) * launch
+    grads = (4 + 6 * (cp - 1)) * (e_q + 2 * e_kv) / bw + 3 * cp * launch
+    spans = [x for x in res.timeline.spans if x.gpu == 0 and " cp." in x.name]
+    layers, mbs = 2, 2
+    by = {}
+    for x in spans:
+        by.setdefault((x.category, x.name.split(" ", 2)[2]), []).append(x.dur_s)
+    assert sorted(by) == sorted([(FORWARD, "cp.kv_pack"), (FORWARD, f"cp.out_correction +{2 * cp - 2}"),
+                                 (BACKWARD, "cp.kv_pack"), (BACKWARD, f"cp.dq_correction +{3 * cp - 1}")])
+    assert all(len(v) == layers * mbs for v in by.values())
+    assert by[(FORWARD, "cp.kv_pack")][0] == pytest.approx(pack, rel=1e-9)
+    assert by[(FORWARD, f"cp.out_correction +{2 * cp - 2}")][0] == pytest.approx(out, rel=1e-9)
+    assert by[(BACKWARD, f"cp.dq_correction +{3 * cp - 1}")][0] == pytest.approx(grads, rel=1e-9)
+
+
+def test_selective_recompute_reruns_the_ring_bookkeeping():
+    """Selective recomputation re-runs the attention's forward, ring and bookkeeping kernels with it."""
+    d = _llama(2)
+    d["training"]["checkpointing"] = "selective"
+    res = simulate(scenario_from_dict(d))
+    rec = [x for x in res.timeline.spans if x.gpu == 0 and x.category == "recompute"]
+    fwd = [x for x in res.timeline.spans if x.gpu == 0 and x.category == FORWARD and x.name.startswith("F0 L0 ")]
+    ring = sum(x.dur_s for x in fwd if " attention" in x.name) + sum(x.dur_s for x in fwd if " cp." in x.name)
+    assert rec and rec[0].dur_s == pytest.approx(ring, rel=1e-6)
+
+
 @pytest.mark.parametrize("change, expect", [
     ({"model": {"seq_len": 32769}}, "seq_len"),
     ({"parallel": {"data": 4, "context": 1, "context_attention": "ring"}}, "applies to context parallelism"),
     ({"parallel": {"data": 4, "tensor": 2, "context": 2}}, "data×tensor×pipeline×context"),
+    ({"model": {"attention": "standard"}}, "needs fused (flash) attention"),
 ])
 def test_bad_context_input(change, expect):
     d = _llama(2)

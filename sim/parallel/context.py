@@ -14,6 +14,17 @@ balanced by Megatron's 2·cp-chunk zig-zag split, so every GPU does 1/cp of the 
 
 A layer's ops come from the dense workload built for s/cp tokens; here its attention op (one K/V block)
 becomes a ring block the executor repeats cp times, or an all-gather followed by cp× the work.
+
+The ring's bookkeeping kernels run too, as Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (transformer_engine/
+pytorch/attention/dot_product_attention/context_parallel.py; Megatron-Core runs context parallelism only
+through it) launches them: forward, ``torch.cat`` packs K and V into the send buffer, each step leaves a
+partial output and log-sum-exp that ``flash_attn_fwd_out_correction`` (and ``_init`` for step 0) rescale
+and sum into the output after the loop (one fused elementwise kernel per step, reading the step's output
+and read-modify-writing the sum), with a log-sum-exp merge per step; backward, K and V are copied into the
+buffer again and each step's dQ, dK and dV are added (``add_``; step 0 copies) into the accumulators. Under
+the causal zig-zag split some steps touch half of these tensors on some ranks; the GPU priced here is the
+one that does the full-size work at every step (the forward's last rank), which the others wait for at the
+next exchange.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from dataclasses import replace
 
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
-from sim.workload.ops import ATTENTION, Op
+from sim.workload.ops import ATTENTION, Op, elementwise
 
 RING = "ring@cp"  # executor: run the block cp times, each overlapped with a K/V exchange over the CP group
 ALL_GATHER_CP = "all_gather@cp"
@@ -64,16 +75,50 @@ def _split(segments: tuple[tf.Segment, ...], attention_block: Callable[[Op], lis
     return tuple(out)
 
 
+_LSE_BYTES = 4  # the log-sum-exp is fp32
+
+
+def ring_bookkeeping(attn: Op, *, cp: int, kv_bytes: float) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """Transformer Engine's kernels around a ring of ``cp`` steps whose attention op (one K/V block, for
+    s/cp queries) is ``attn``: (forward before the ring, forward after, backward before, backward after).
+    ``kv_bytes``: K and V of the s/cp local tokens (one step's forward transfer). Bytes per kernel as
+    module docstring: a copy moves 2e per element, an add or a rescale-and-add 3e (read both, write one)."""
+    e = DTYPE_BYTES[attn.dtype]
+    q_elems = attn.m * attn.k * attn.batch  # Q (and O, dQ) elements of this GPU: b · s/cp · h/t
+    lse = attn.m * attn.batch * _LSE_BYTES
+    pack = elementwise("cp.kv_pack", 2 * kv_bytes, attn.dtype)  # torch.cat(k, v): read and write both
+    out = (elementwise("cp.out_correction", 2 * e * q_elems + lse, attn.dtype),
+           *(elementwise("cp.out_correction", 3 * e * q_elems + lse, attn.dtype) for _ in range(cp - 1)),
+           *(elementwise("cp.lse_correction", 3 * lse, attn.dtype) for _ in range(cp - 1)))
+    kv_half = kv_bytes / 2  # K (or V) of the local tokens, in bytes
+    grads = []
+    for step in range(cp):
+        per = 2 if step == 0 else 3  # step 0 copies into the accumulators, later steps add
+        grads += [elementwise("cp.dq_correction", per * e * q_elems, attn.dtype),
+                  elementwise("cp.dkv_correction", per * kv_half, attn.dtype),
+                  elementwise("cp.dkv_correction", per * kv_half, attn.dtype)]
+    repack = elementwise("cp.kv_pack", 2 * kv_bytes, attn.dtype)  # backward: K and V copied into the buffer
+    return (pack,), out, (repack,), tuple(grads)
+
+
+def is_ring_bookkeeping(op: Op) -> bool:
+    """A kernel of ``ring_bookkeeping`` (re-run with the attention when it is recomputed)."""
+    return op.name.startswith("cp.")
+
+
 def context_layer_ops(lo: tf.LayerOps, *, cp: int, algorithm: str, kv_bytes: float) -> tf.LayerOps:
     """A layer's ops (built for s/cp tokens) with its attention run across the CP group."""
     if cp == 1:
         return lo
     if algorithm == "ring":
         def fwd(op: Op) -> list[tf.Segment]:
-            return [tf.Segment((op,), RING, kv_bytes)]
+            before, after, _, _ = ring_bookkeeping(op, cp=cp, kv_bytes=kv_bytes)
+            return [tf.Segment(before), tf.Segment((op,), RING, kv_bytes), tf.Segment(after)]
 
         def bwd(op: Op) -> list[tf.Segment]:
-            return [tf.Segment((op,), RING, 2 * kv_bytes)]  # K, V and dK, dV travel
+            _, _, before, after = ring_bookkeeping(op, cp=cp, kv_bytes=kv_bytes)
+            # K, V and dK, dV travel
+            return [tf.Segment(before), tf.Segment((op,), RING, 2 * kv_bytes), tf.Segment(after)]
     else:
         def fwd(op: Op) -> list[tf.Segment]:
             return [tf.Segment((), ALL_GATHER_CP, cp * kv_bytes), tf.Segment((_scaled(op, cp),))]

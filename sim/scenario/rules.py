@@ -109,6 +109,14 @@ def _context(sc: Scenario) -> None:
     if p.ep > 1:
         raise RuleError("parallel.context", show(p.context), "context and expert parallelism together are "
                         "not modelled", "use one of them")
+    if m.attention != "flash":
+        # Megatron-Core runs context parallelism through Transformer Engine, whose unfused attention does
+        # not support it (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
+        # get_attention_backend: "Disabling UnfusedDotProductAttention as it does not support context
+        # parallelism").
+        raise RuleError("model.attention", show(m.attention), f"context = {p.cp} needs fused (flash) attention: "
+                        "the unfused kernels do not support context parallelism",
+                        "set model.attention: flash, or parallel.context: 1")
     mb = sc.training.micro_batch if sc.training else 1
     step = p.cp * (p.tensor if p.sequence_parallel and p.tensor > 1 else 1)
     if m.seq_len % p.cp or (m.seq_len // p.cp * mb) % (step // p.cp):

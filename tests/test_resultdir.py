@@ -74,6 +74,28 @@ def test_user_files_survive_and_foreign_folders_are_refused(tmp_path, capsys) ->
     assert os.listdir(home) == ["thesis.tex"]
 
 
+def test_user_pictures_are_never_taken_for_old_outputs(tmp_path, capsys) -> None:
+    """A folder of the user's own pictures is not a result folder (refused, untouched), and in a folder of
+    an older dtsim (no manifest) only dtsim's own names count as outputs: the user's PNG is carried into the
+    new result and survives a second run (it used to go to NAME.prev, then be deleted with it)."""
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    (pics / "mine.png").write_text("art")
+    assert main(["run", SEED, "--out", str(pics), "--no-charts"]) == 2
+    assert "not a dtsim result" in _one_line(capsys.readouterr().err)
+    assert os.listdir(pics) == ["mine.png"]
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "summary.json").write_text("{}")
+    (old / "gantt.png").write_text("old chart")
+    (old / "holiday.png").write_text("photo")
+    for _ in range(2):
+        assert main(["run", SEED, "--out", str(old), "--no-charts"]) == 0
+    capsys.readouterr()
+    assert (old / "holiday.png").read_text() == "photo"
+    assert not (old / "gantt.png").exists()  # the old dtsim chart went with the old result
+
+
 @pytest.mark.parametrize("bad", ["file", "/dev/null", "under-file", "/proc/dtsim-x"])
 def test_bad_out_refused_before_any_simulation(bad, tmp_path, capsys, monkeypatch) -> None:
     (tmp_path / "file").write_text("x")

@@ -39,10 +39,12 @@ from sim.errors import ScenarioError
 
 MANIFEST = ".dtsim-result.json"
 PREV_SUFFIX = ".prev"
-# What dtsim wrote into result folders before manifests existed (treated as dtsim's own files there).
+# What dtsim wrote into result folders before manifests existed (treated as dtsim's own files there): its
+# exact file names only, so a user's own pictures or notes in such a folder are never taken for outputs.
 _LEGACY_OUTPUT = re.compile(
     r"^(summary\.json|timeline\.csv|trace\.json|resolved\.yaml|report\.html|best\.yaml"
-    r"|(compare|sweep|plan)\.(csv|txt)|[A-Za-z0-9_]+\.(png|svg)|\..+\.tmp)$"
+    r"|(compare|sweep|plan)\.(csv|txt)|(gantt|pipeline|memory|goodput|bubble_vs_m|compare|sweep)\.(png|svg)"
+    r"|\..+\.tmp)$"
 )
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

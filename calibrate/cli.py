@@ -206,13 +206,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from calibrate.launch import CalibrationError, torchrun_env
 
-    out = None
+    out = progress = None
     try:
         if args.report is not None:
             return _report(args)
         opts = _resolve(args)
         out = opts.out
-        from calibrate.run import run_calibration
+        from calibrate.run import progress_path, run_calibration
+
+        progress = progress_path(opts)
 
         run_calibration(opts, make_config(opts.device, args.quick), argv)
         if (torchrun_env() or (0, 1))[0] == 0:
@@ -222,13 +224,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except CalibrationError as exc:
-        kept = f"; finished sections are kept in {out} (rerun with --resume)" if out and out.exists() else ""
-        print(f"{PROG}: error: {exc}{kept}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}{_kept(out, progress)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        kept = f"; finished sections are kept in {out} (rerun with --resume)" if out and out.exists() else ""
-        print(f"{PROG}: interrupted{kept}", file=sys.stderr)
+        print(f"{PROG}: interrupted{_kept(out, progress)}", file=sys.stderr)
         return 130
+
+
+def _kept(out: Path | None, progress: Path | None) -> str:
+    """What an unfinished run left: its finished sections, and (re-measuring a profile) the old one whole."""
+    if out is None or progress is None or not progress.exists():
+        return ""
+    if progress == out:
+        return f"; finished sections are kept in {out} (rerun with --resume)"
+    return (f"; {out} is unchanged, the finished sections are kept in {progress} (rerun with --resume "
+            f"--out {progress} to finish them, then move it over {out})")
 
 
 if __name__ == "__main__":

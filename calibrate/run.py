@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,6 +124,15 @@ def _summary(name: str, section: dict) -> str:
     return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def progress_path(opts: CalibrationOptions) -> Path:
+    """Where sections are saved as they finish: ``--out`` itself, unless this fresh run (no ``--resume``)
+    would replace a profile already there; then a sibling NAME.partial.json, moved over ``--out`` once
+    every section is measured, so an interrupted re-measurement leaves the old profile whole."""
+    if opts.resume or not opts.out.exists():
+        return opts.out
+    return opts.out.with_name(f"{opts.out.stem}.partial{opts.out.suffix}")
+
+
 def run_calibration(
     opts: CalibrationOptions, config: SweepConfig, argv: list[str], fault: str | None = None
 ) -> Path:
@@ -147,6 +157,7 @@ def run_calibration(
         gemm_config = size_cpu_sweep(config, cpu_threads_per_device(opts.world))
         note(describe(gemm_config))
         config = replace(gemm_config, timing=config.timing)
+    save_to = progress_path(opts)
     profile = _start_profile(opts, config, argv) if rank == 0 else None
     if rank == 0:
         for name in sorted(set(opts.sections) & done):
@@ -163,10 +174,15 @@ def run_calibration(
         if section is None or profile is None:
             continue
         record_section(profile, name, section, time.perf_counter() - t0)
-        save_profile(profile, opts.out)
-        note(f"{_summary(name, section)} in {time.perf_counter() - t0:.1f} s; saved to {opts.out}")
+        save_profile(profile, save_to)
+        note(f"{_summary(name, section)} in {time.perf_counter() - t0:.1f} s; saved to {save_to}")
         if name == COLLECTIVES:
             print(format_table(section), flush=True)
     if launched:
         leave_group()
+    if profile is not None and save_to != opts.out:
+        if not save_to.exists():  # nothing measured (every section skipped): the old profile stays
+            return opts.out
+        os.replace(save_to, opts.out)  # atomic: the old profile, then the whole new one
+        note(f"all sections measured: {save_to} moved over {opts.out}")
     return opts.out

@@ -287,9 +287,11 @@ def _main(argv: list[str] | None = None) -> int:
     except SimulationError as e:
         print(f"dtsim: simulation failed: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("dtsim: interrupted", file=sys.stderr)
-        return 130
+        # 128 + the signal's number, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM (ResultDir
+        # raises KeyboardInterrupt named after the signal it caught)
+        return 143 if exc.args and exc.args[0] == "SIGTERM" else 130
     except BrokenPipeError:  # `dtsim plan … | head -1`: the reader has what it wanted
         _silence_stdout()
         return 0

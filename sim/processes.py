@@ -44,3 +44,13 @@ def pool_context() -> BaseContext:
         return multiprocessing.get_context("fork")
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def quiet_worker() -> None:
+    """Pool-worker initializer: Ctrl-C (or SIGTERM) ends a worker by the signal's default action. A forked
+    worker inherits the parent's handlers (``ResultDir`` turns both into KeyboardInterrupt), and the
+    exception raised in a worker prints a multiprocessing traceback; the parent reports the interrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -205,3 +205,35 @@ def test_quick_gemm_on_cuda_includes_tensor_core_dtypes(tmp_path):
     fits = load_profile(out)["fits"]["gemm"]
     assert {"fp32", "tf32", "bf16", "fp16"} <= set(fits)
     assert fits["bf16"]["max_flops_per_s"] > fits["fp32"]["max_flops_per_s"]
+
+
+def test_interrupted_remeasurement_leaves_the_old_profile_whole(tmp_path, monkeypatch):
+    """A fresh run over an existing profile saves its sections beside it (NAME.partial.json) and moves
+    the whole new profile over it only at the end: Ctrl-C in the second section leaves the old file
+    byte for byte (it used to hold the new first section and had lost the old second one)."""
+    import calibrate.run as cal_run
+    from calibrate.cli import _kept
+
+    out = tmp_path / "p.json"
+    opts = CalibrationOptions(device="cpu", world=1, out=out, sections=("gemm", "memory"))
+    run_calibration(opts, tiny_config(), [])
+    old = out.read_bytes()
+    partial = tmp_path / "p.partial.json"
+    assert cal_run.progress_path(opts) == partial
+    measure = cal_run._measure
+
+    def interrupted(name, *args, **kwargs):
+        if name == "memory":
+            raise KeyboardInterrupt
+        return measure(name, *args, **kwargs)
+
+    monkeypatch.setattr(cal_run, "_measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_calibration(opts, tiny_config(), [])
+    assert out.read_bytes() == old
+    assert finished_sections(load_profile(partial)) == {"gemm"}
+    assert f"{out} is unchanged" in _kept(out, partial) and str(partial) in _kept(out, partial)
+    monkeypatch.setattr(cal_run, "_measure", measure)
+    run_calibration(opts, tiny_config(), [])
+    assert not partial.exists() and out.read_bytes() != old
+    assert finished_sections(load_profile(out)) == {"gemm", "memory"}

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from sim.api import simulate
 from sim.budget import check_budget
 from sim.errors import ScenarioError, SimulationError
-from sim.processes import pool_context
+from sim.processes import pool_context, quiet_worker
 from sim.scenario.load import scenario_from_dict
 
 EXECUTORS = ("local", "ray")
@@ -111,7 +111,7 @@ def _run_pool(fn: Callable[..., dict], jobs: Sequence[Job], workers: int, bar: t
     results: list[dict | None] = [None] * len(jobs)
     # Forked only where that is safe (sim.processes): a caller with threads of its own (a notebook, a
     # service) gets workers from a fork server instead, which import the simulator afresh.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=pool_context())
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=pool_context(), initializer=quiet_worker)
     try:
         pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         while pending:

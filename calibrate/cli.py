@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.config import SECTIONS, make_config
@@ -207,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     from calibrate.launch import CalibrationError, torchrun_env
 
     out = progress = None
+    previous = _sigterm_as_interrupt()
     try:
         if args.report is not None:
             return _report(args)
@@ -226,9 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     except CalibrationError as exc:
         print(f"{PROG}: error: {exc}{_kept(out, progress)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{PROG}: interrupted{_kept(out, progress)}", file=sys.stderr)
-        return 130
+        return 143 if exc.args and exc.args[0] == "SIGTERM" else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM unwinds like Ctrl-C (workers stopped, the one-line message, exit 143); the old handler, or
+    None where signals cannot be set (not the main thread)."""
+    def to_interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        return signal.signal(signal.SIGTERM, to_interrupt)
+    except ValueError:
+        return None
 
 
 def _kept(out: Path | None, progress: Path | None) -> str:

@@ -237,3 +237,26 @@ def test_interrupted_remeasurement_leaves_the_old_profile_whole(tmp_path, monkey
     run_calibration(opts, tiny_config(), [])
     assert not partial.exists() and out.read_bytes() != old
     assert finished_sections(load_profile(out)) == {"gemm", "memory"}
+
+
+def test_sigterm_stops_calibration_like_ctrl_c(tmp_path):
+    """SIGTERM mid-run: the one-line interrupt message, exit 143, no traceback, no worker left behind
+    (it used to end the process by the signal with no word, leaving its collective workers)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "p.json"
+    p = subprocess.Popen([sys.executable, "-m", "sim", "calibrate", "--device", "cpu", "--quick", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True)
+    time.sleep(4.0)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout

@@ -26,7 +26,7 @@ from sim.engine.timeline import (
 from sim.hardware.gpu import GPU_PRESETS
 from sim.scenario import scenario_from_dict
 from sim.workload import transformer as tf
-from sim.workload.ops import ATTENTION, GEMM
+from sim.workload.ops import ATTENTION, GEMM, Op
 from tests.test_training_sim import _tiny, world
 
 A100 = GPU_PRESETS["A100-80GB"]
@@ -47,6 +47,21 @@ def test_gemm_efficiency_is_the_best_tile_by_hand() -> None:
     # Short K (attention's head_dim) and thin outputs reach far less than large square GEMMs.
     assert g.efficiency(2048, 2048, 128) < 0.7 < g.efficiency(8192, 8192, 8192)
     assert g.efficiency(64, 12288, 12288) < g.efficiency(2048, 12288, 12288)
+
+
+def test_no_gemm_shape_is_priced_above_the_measured_best() -> None:
+    """MAMF is the best rate over a sweep of shapes: a longer K than the best shape's (2048 on A100) must
+    not be priced above MAMF × 1305/1410 (the shape model alone gave the K = 8192 weight-gradient GEMM of
+    a 12288-wide layer ≈ 2 % more), while shorter K still loses to pipeline fill."""
+    cost = RooflineCostModel(A100)
+    g = cost.gemm_model("bf16")
+    best = 267.9e12 * 1305 / 1410
+    long_k = g.flops_per_s(1536, 4608, 8192)
+    assert g.ceiling_flops_per_s * g.efficiency(1536, 4608, 8192) > 1.01 * best  # what the cap stops
+    assert long_k == pytest.approx(best, rel=1e-3)
+    assert g.flops_per_s(6912, 16384, 512) < 0.95 * best
+    shapeless = Op(name="coarse", kind="gemm", flops=1e12, dtype="bf16")
+    assert cost.gemm_flops_per_s(shapeless) == pytest.approx(best, rel=1e-3)
 
 
 def test_reference_profile_reproduces_sustained_mamf() -> None:

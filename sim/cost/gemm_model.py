@@ -35,6 +35,9 @@ class GemmShapeModel:
     sm_count: int
     k_overhead: float = 64.0  # pipeline fill + epilogue per tile, in K elements
     tile_feed: float = 8.0  # BM·BN/(BM+BN) at which feeding costs as much as computing (relative)
+    # No shape beats the best one measured: MAMF is by definition the maximum over a sweep of M, N and K,
+    # so the model's small gain for K longer than the best shape's stops at that shape's rate.
+    cap_flops_per_s: float = math.inf
 
     def tile_efficiency(self, bm: int, bn: int) -> float:
         """Feed cost of a tile relative to the largest (256×128) tile."""
@@ -65,4 +68,4 @@ class GemmShapeModel:
         return best
 
     def flops_per_s(self, m: int, n: int, k: int, batch: int = 1) -> float:
-        return self.ceiling_flops_per_s * self.efficiency(m, n, k, batch)
+        return min(self.ceiling_flops_per_s * self.efficiency(m, n, k, batch), self.cap_flops_per_s)

@@ -137,8 +137,9 @@ class ReferenceProfile:
         ceiling = self.gemm_mamf_flops_per_s / at_best * self.sustained_clock_ratio
         if dtype == "fp8":
             ceiling *= self.fp8_vs_bf16_fraction
-        return GemmShapeModel(ceiling * peak_flops_per_s / reference_peak_flops_per_s, sm_count,
-                              self.k_overhead, self.tile_feed)
+        scaled = ceiling * peak_flops_per_s / reference_peak_flops_per_s
+        # capped at the best shape's own rate (MAMF × sustained clock, scaled): the sweep's maximum
+        return GemmShapeModel(scaled, sm_count, self.k_overhead, self.tile_feed, cap_flops_per_s=scaled * at_best)
 
 
 @functools.cache

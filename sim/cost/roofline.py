@@ -87,7 +87,7 @@ class RooflineCostModel:
         model = self.gemm_model(op.dtype)
         if op.m and op.n and op.k:
             return model.flops_per_s(op.m, op.n, op.k, op.batch)
-        return model.ceiling_flops_per_s
+        return min(model.ceiling_flops_per_s, model.cap_flops_per_s)
 
     def attention_flops_per_s(self, op: Op) -> float:
         """The fused attention kernel's rate: the reference profile's fit for its FlashAttention generation

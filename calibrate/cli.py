@@ -19,6 +19,7 @@ from calibrate.argtypes import Parser, parse, positive_int
 from calibrate.config import SECTIONS, make_config
 from calibrate.run import CalibrationOptions
 from sim.errors import ScenarioError
+from sim.processes import interrupt_status
 
 PROG = "dtsim calibrate"
 DEFAULT_OUT_DIR = Path("results") / "calibration"
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as exc:
         print(f"{PROG}: interrupted{_kept(out, progress)}", file=sys.stderr)
-        return 143 if exc.args and exc.args[0] == "SIGTERM" else 130
+        return interrupt_status(exc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

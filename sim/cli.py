@@ -289,9 +289,9 @@ def _main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as exc:
         print("dtsim: interrupted", file=sys.stderr)
-        # 128 + the signal's number, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM (ResultDir
-        # raises KeyboardInterrupt named after the signal it caught)
-        return 143 if exc.args and exc.args[0] == "SIGTERM" else 130
+        from sim.processes import interrupt_status
+
+        return interrupt_status(exc)
     except BrokenPipeError:  # `dtsim plan … | head -1`: the reader has what it wanted
         _silence_stdout()
         return 0

@@ -54,3 +54,9 @@ def quiet_worker() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def interrupt_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of an interrupted command, 128 + the signal's number as a shell reports it: 143 for a
+    SIGTERM turned into KeyboardInterrupt("SIGTERM") (``ResultDir``, ``dtsim calibrate``), else 130 (Ctrl-C)."""
+    return 143 if exc.args and exc.args[0] == "SIGTERM" else 130

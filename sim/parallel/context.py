@@ -78,31 +78,37 @@ def _split(segments: tuple[tf.Segment, ...], attention_block: Callable[[Op], lis
 _LSE_BYTES = 4  # the log-sum-exp is fp32
 
 
-def ring_bookkeeping(attn: Op, *, cp: int, kv_bytes: float) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
-    """Transformer Engine's kernels around a ring of ``cp`` steps whose attention op (one K/V block, for
-    s/cp queries) is ``attn``: (forward before the ring, forward after, backward before, backward after).
-    ``kv_bytes``: K and V of the s/cp local tokens (one step's forward transfer). Bytes per kernel as
-    module docstring: a copy moves 2e per element, an add or a rescale-and-add 3e (read both, write one)."""
+def ring_forward_kernels(attn: Op, *, cp: int, kv_bytes: float) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Transformer Engine's kernels before and after a forward ring of ``cp`` steps whose attention op (one
+    K/V block, for s/cp queries) is ``attn``. ``kv_bytes``: K and V of the s/cp local tokens (one step's
+    transfer). Bytes as the module docstring says: a copy moves 2e per element, a rescale-and-add 3e."""
     e = DTYPE_BYTES[attn.dtype]
-    q_elems = attn.m * attn.k * attn.batch  # Q (and O, dQ) elements of this GPU: b · s/cp · h/t
+    q_elems = attn.m * attn.k * attn.batch  # Q (and O) elements of this GPU: b · s/cp · h/t
     lse = attn.m * attn.batch * _LSE_BYTES
     pack = elementwise("cp.kv_pack", 2 * kv_bytes, attn.dtype)  # torch.cat(k, v): read and write both
     out = (elementwise("cp.out_correction", 2 * e * q_elems + lse, attn.dtype),
            *(elementwise("cp.out_correction", 3 * e * q_elems + lse, attn.dtype) for _ in range(cp - 1)),
            *(elementwise("cp.lse_correction", 3 * lse, attn.dtype) for _ in range(cp - 1)))
+    return (pack,), out
+
+
+def ring_backward_kernels(attn: Op, *, cp: int, kv_bytes: float) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """The same before and after a backward ring: K and V copied into the buffer again, then per step dQ,
+    dK and dV copied (step 0: 2e per element) or added (3e) into the accumulators."""
+    e = DTYPE_BYTES[attn.dtype]
+    q_elems = attn.m * attn.k * attn.batch  # dQ elements of this GPU
     kv_half = kv_bytes / 2  # K (or V) of the local tokens, in bytes
     grads = []
     for step in range(cp):
-        per = 2 if step == 0 else 3  # step 0 copies into the accumulators, later steps add
+        per = 2 if step == 0 else 3
         grads += [elementwise("cp.dq_correction", per * e * q_elems, attn.dtype),
                   elementwise("cp.dkv_correction", per * kv_half, attn.dtype),
                   elementwise("cp.dkv_correction", per * kv_half, attn.dtype)]
-    repack = elementwise("cp.kv_pack", 2 * kv_bytes, attn.dtype)  # backward: K and V copied into the buffer
-    return (pack,), out, (repack,), tuple(grads)
+    return (elementwise("cp.kv_pack", 2 * kv_bytes, attn.dtype),), tuple(grads)
 
 
 def is_ring_bookkeeping(op: Op) -> bool:
-    """A kernel of ``ring_bookkeeping`` (re-run with the attention when it is recomputed)."""
+    """A kernel of ``ring_forward_kernels``/``ring_backward_kernels`` (the forward's re-run with the attention when it is recomputed)."""
     return op.name.startswith("cp.")
 
 
@@ -112,11 +118,11 @@ def context_layer_ops(lo: tf.LayerOps, *, cp: int, algorithm: str, kv_bytes: flo
         return lo
     if algorithm == "ring":
         def fwd(op: Op) -> list[tf.Segment]:
-            before, after, _, _ = ring_bookkeeping(op, cp=cp, kv_bytes=kv_bytes)
+            before, after = ring_forward_kernels(op, cp=cp, kv_bytes=kv_bytes)
             return [tf.Segment(before), tf.Segment((op,), RING, kv_bytes), tf.Segment(after)]
 
         def bwd(op: Op) -> list[tf.Segment]:
-            _, _, before, after = ring_bookkeeping(op, cp=cp, kv_bytes=kv_bytes)
+            before, after = ring_backward_kernels(op, cp=cp, kv_bytes=kv_bytes)
             # K, V and dK, dV travel
             return [tf.Segment(before), tf.Segment((op,), RING, 2 * kv_bytes), tf.Segment(after)]
     else:

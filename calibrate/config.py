@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sim.units import KiB, MiB
-from sim.workload.ops import MEMORY_FAMILIES
+from sim.workload.ops import MEASURED_AS, MEMORY_FAMILIES
 
 GEMM = "gemm"
 MEMORY = "memory"
@@ -20,7 +20,8 @@ COLLECTIVE_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_sca
 MEMBW_STREAMING = ("copy", "add", "mul", "gelu")  # the generic elementwise curve
 # Memory-bound kernel families the simulator prices by their own curves (bytes: calibrate.membw.family_bytes):
 # its families but the persistent norms, which need apex or Transformer Engine (the reference figures serve).
-MEMBW_FAMILIES = tuple(f for f in MEMORY_FAMILIES if not f.startswith("persistent"))
+# Not the families timed under another's name (MEASURED_AS: torch's softmax is the "softmax" kernel here).
+MEMBW_FAMILIES = tuple(f for f in MEMORY_FAMILIES if not f.startswith("persistent") and f not in MEASURED_AS)
 MEMBW_KERNELS = MEMBW_STREAMING + MEMBW_FAMILIES
 
 Shape = tuple[int, int, int]

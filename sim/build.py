@@ -26,7 +26,7 @@ from sim.training.loss_scale import simulate as simulate_loss_scale
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import KERNEL_SETS, persistent_norm
+from sim.workload.kernels import fused_softmax_runs, persistent_norm
 from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
@@ -195,7 +195,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         tied_embeddings=m.tied_embeddings, dropout=m.dropout)
     b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
     ck = tr.checkpointing
-    ks = KERNEL_SETS[tr.kernels]
+    ks = sw.kernel_set(scenario)
     act_dtype = storage_dtype(dtype)
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = sw.reduced_grad_bytes(scenario)  # the same bytes sim.budget counts
@@ -229,9 +229,11 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                 + [op for s in lo.forward for op in s.ops if ctx.is_ring_bookkeeping(op)], host)
     else:
         recompute = ()
+    fp32_softmax = (m.attention == "standard" and ks.softmax_in_fp32
+                    and not fused_softmax_runs(ks, seq, b * m.heads // t, act_dtype))
     layer_act = partial(mem.activation_bytes_per_layer, seq=seq, micro_batch=b, hidden=m.hidden,
                         heads=m.heads, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes,
-                        fp8_gemm_inputs=dtype == "fp8")
+                        fp8_gemm_inputs=dtype == "fp8", fp32_softmax=fp32_softmax)
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
     # as in the paper's Table 2.

@@ -86,6 +86,7 @@ def activation_bytes_per_layer(
     checkpointing: str = "none",
     bytes_per_elem: int = 2,
     fp8_gemm_inputs: bool = False,
+    fp32_softmax: bool = False,
 ) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -101,6 +102,10 @@ def activation_bytes_per_layer(
     halves the table's QKV and FC1 inputs (2sbh each, /t with SP) and the output projection's and FC2's
     (2sbh/t, 8sbh/t): 7sbh/t fewer bytes with SP, sbh(2 + 5/t) without. Full checkpointing keeps the 16-bit
     layer input only.
+
+    ``fp32_softmax``: the softmax ran as torch's fp32 fallback (``sim.workload.attention``), whose backward
+    keeps its 4-byte output where the fused kernel keeps 2 bytes (the 16-bit probabilities the context GEMM
+    saves stay): 5as/(ht) becomes 7as/(ht) for 16-bit activations.
     """
     if checkpointing not in CHECKPOINTING_KINDS:
         raise ScenarioError(
@@ -113,10 +118,9 @@ def activation_bytes_per_layer(
         per_16bit = 2 * sbh / (t if sp else 1)
     elif checkpointing == "selective":
         per_16bit = 34 * sbh / t if sp else sbh * (10 + 24 / t)
-    elif sp:
-        per_16bit = sbh * (34 / t + 5 * a * s / (h * t))
     else:
-        per_16bit = sbh * (10 + 24 / t + 5 * a * s / (h * t))
+        score_bytes = 7 if fp32_softmax and bytes_per_elem == 2 else 5
+        per_16bit = sbh * ((34 / t if sp else 10 + 24 / t) + score_bytes * a * s / (h * t))
     if fp8_gemm_inputs and checkpointing != "full":
         per_16bit -= sbh * (2 / (t if sp else 1) + 5 / t)  # half of (2 + 2)·sbh replicated-or-/t and (2 + 8)·sbh/t
     return per_16bit * bytes_per_elem / 2

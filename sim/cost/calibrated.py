@@ -30,7 +30,7 @@ import os
 from sim.cost.base import CostModel
 from sim.cost.profile import BandwidthCurve, ShapeTable, device_name, load_profile
 from sim.units import DTYPE_BYTES
-from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, Op
+from sim.workload.ops import ATTENTION, ELEMENTWISE, FIXED, GEMM, MEASURED_AS, Op
 
 LINK_SOURCE_OPS = ("all_reduce", "all_gather")  # fits that define per-link (α, B), in order of preference
 
@@ -77,9 +77,10 @@ class CalibratedCostModel:
                 return self._fall(op, "elementwise: profile has no memory section")
             if op.bytes <= 0:
                 return self._fall(op, "elementwise: op without bytes")
-            if not self._mem.has(op.family):
+            family = op.family if self._mem.has(op.family) else MEASURED_AS.get(op.family, op.family)
+            if not self._mem.has(family):
                 return self._fall(op, f"elementwise: profile has no {op.family} kernels measured")
-            t, extrapolated = self._mem.time_s(op.bytes, op.family)
+            t, extrapolated = self._mem.time_s(op.bytes, family)
             return self._note(op, t, extrapolated, f"{op.bytes:.3g} bytes")
         if op.kind not in (GEMM, ATTENTION):
             return self._fall(op, f"op kind {op.kind!r}: not calibrated")

@@ -38,6 +38,7 @@ from sim.training.step_work import (
     fsdp_pre_gather_s,
     fsdp_pre_reduce_s,
     grad_bucket_bytes,
+    kernel_set,
     main_grad_bytes,
     megatron_optimizer,
     op_block,
@@ -46,7 +47,7 @@ from sim.training.step_work import (
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
-from sim.workload.kernels import KERNEL_SETS, persistent_norm
+from sim.workload.kernels import persistent_norm
 from sim.workload.ops import elementwise
 
 
@@ -158,7 +159,7 @@ class Estimator:
         self.model, self.parallel, self.training = m, par, tr
         self.dims = m.to_dims()
         self.cost = cost_model_for(scenario)
-        self.kernels = KERNEL_SETS[tr.kernels]
+        self.kernels = kernel_set(scenario)
         self.host_s = self.kernels.host_dispatch_us * 1e-6
         c = scenario.cluster
         self.gpus_per_node = c.gpus_per_node

@@ -41,6 +41,13 @@ class Parallel(_Strict):
         "the next step's forward, a model chunk ahead, each layer waiting for its own (Megatron-Core's "
         "--overlap-param-gather), instead of all at once after the optimizer step",
     )
+    scatter_gather: bool | None = Field(
+        None,
+        description="pipeline sends under tensor parallelism: each TP rank sends 1/tensor of the activation and "
+        "the receivers all-gather it over NVLink (Megatron's scatter/gather, off with "
+        "--no-scatter-gather-tensors-in-pipeline), or every rank sends it whole; default: what training.kernels "
+        "did (Megatron-LM, Megatron-DeepSpeed: on)",
+    )
     dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
         "auto",
         description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "

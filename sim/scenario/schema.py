@@ -255,7 +255,8 @@ OPTIONAL_KEYS = (("reliability",), ("parallel", "stage_layers"), ("parallel", "b
 
 
 def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """Fill model.attention and parallel.overlap_grad_sync from the kernel set when not given."""
+    """Fill model.attention, parallel.overlap_grad_sync, parallel.scatter_gather and training.fusion's
+    switches from the kernel set when not given."""
     training = data.get("training")
     name = training.get("kernels", DEFAULT_KERNEL_SET) if isinstance(training, dict) else DEFAULT_KERNEL_SET
     ks = KERNEL_SETS.get(name) if isinstance(name, str) else None
@@ -267,5 +268,14 @@ def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
     parallel = data.get("parallel")
     if isinstance(parallel, dict) and parallel.get("overlap_grad_sync") is None:
         data = {**data, "parallel": {**parallel, "overlap_grad_sync": ks.overlap_grad_reduce}}
+    parallel = data.get("parallel")
+    if isinstance(parallel, dict) and parallel.get("scatter_gather") is None:
+        data = {**data, "parallel": {**parallel, "scatter_gather": ks.scatter_gather_p2p}}
+    fusion = training.get("fusion") if isinstance(training, dict) else None
+    if isinstance(training, dict) and (fusion is None or isinstance(fusion, dict)):
+        own = {"bias_gelu": ks.bias_gelu_fusion, "bias_dropout_add": ks.bias_dropout_fusion,
+               "masked_softmax": ks.masked_softmax_fusion}
+        given = {k: v for k, v in (fusion or {}).items() if v is not None}
+        data = {**data, "training": {**training, "fusion": {**own, **given}}}
     return data
 

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.memory import OPTIMIZERS
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
-from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES, NORM_KERNELS
+from sim.workload.kernels import DEFAULT_KERNEL_SET, FUSIONS, KERNEL_SET_NAMES, NORM_KERNELS
 from sim.workload.transformer import CHECKPOINTING_KINDS, FP8_RECIPES
 
 
@@ -86,6 +86,20 @@ def checkpointing_from(value: Any) -> Any:
     return value
 
 
+class Fusion(_Strict):
+    """Megatron's elementwise fusions, each on or off as its flag sets it (--no-bias-gelu-fusion,
+    --no-bias-dropout-fusion, --no-masked-softmax-fusion); unset: what training.kernels ran."""
+
+    bias_gelu: bool = Field(True, description="the MLP bias added inside the GeLU kernel (else its own kernel)")
+    bias_dropout_add: bool = Field(
+        True, description="bias + dropout + residual add as one kernel (else three: Megatron's eager path)"
+    )
+    masked_softmax: bool = Field(
+        True, description="standard attention: the fused scale-mask-softmax kernel, where the scores' shape "
+        "allows it (else torch's path: fp32 cast, scale, mask, softmax, cast back)"
+    )
+
+
 class Compression(_Strict):
     """Gradient compression for the data-parallel all-reduce."""
 
@@ -119,6 +133,10 @@ class Training(_Strict):
         "transformer-engine the kernel TE selects: cuDNN's fused attention on H100/H200), v2 "
         "(FlashAttention-2) or v1 (FlashAttention of 2022 and its Triton port, e.g. llm-foundry's "
         "attn_impl: triton in 2023), each priced from its published speed curves",
+    )
+    fusion: Fusion = Field(
+        Fusion(), description="Megatron's fusions {bias_gelu, bias_dropout_add, masked_softmax}, each true or "
+        "false (false alone: all off); unset keys: what training.kernels ran",
     )
     norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]
         "auto", description="the LayerNorm/RMSNorm kernels: auto (what training.kernels ran: apex's affine "
@@ -159,6 +177,11 @@ class Training(_Strict):
     @classmethod
     def _checkpointing(cls, value: Any) -> Any:
         return checkpointing_from(value)
+
+    @field_validator("fusion", mode="before", json_schema_input_type=bool | Fusion)
+    @classmethod
+    def _fusion(cls, value: Any) -> Any:
+        return dict.fromkeys(FUSIONS, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _rules(self) -> Training:

@@ -13,13 +13,15 @@ from sim.cost.base import CostModel
 from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM
 from sim.schedules.actions import SPLIT_BACKWARD
-from sim.units import FULL_PRECISIONS, MB
+from sim.units import FULL_PRECISIONS, MB, storage_dtype
 from sim.workload.kernels import (
     DDP_BUCKET_BYTES,
     KERNEL_SETS,
     KernelSet,
+    fused_softmax_runs,
     megatron_bucket_params,
     persistent_norm,
+    with_overrides,
 )
 from sim.workload.ops import GEMM, TE_ATTENTION, Op, elementwise
 from sim.workload.transformer import LayerOps, Segment, TransformerDims, layer_ops
@@ -131,6 +133,13 @@ def main_grad_bytes(precision: str, ks: KernelSet) -> int:
     return grad_elem_bytes(precision)
 
 
+def kernel_set(scenario: Scenario) -> KernelSet:
+    """The scenario's kernel set with its own switches applied (``training.fusion``,
+    ``parallel.scatter_gather``): what the simulation and the plan screen both price."""
+    par, tr = scenario.require_training()
+    return with_overrides(KERNEL_SETS[tr.kernels], tr.fusion.model_dump(), par.scatter_gather)
+
+
 def reduced_grad_bytes(scenario: Scenario) -> int:
     """Bytes per gradient element the data-parallel sync moves for ``scenario``: transformers run a
     Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""
@@ -207,10 +216,13 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
     collectives blocking or beside the weight-gradient GEMMs (which then sit in the backward, priced as
     ``weight_blocks`` prices them). The simulation (sim.build) and the plan screen both build layers here."""
     overlap = tp_backward_overlap(ks, tp, schedule)
+    fused_softmax = fused_softmax_runs(ks, d.seq_len, micro_batch * d.heads // tp, storage_dtype(dtype))
     lo = layer_ops(d, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype,
                    attention=attention, attention_dropout_kernel=ks.attention_dropout_kernel,
                    tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention, ks),
-                   persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe)
+                   persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe,
+                   bias_gelu_fusion=ks.bias_gelu_fusion, bias_dropout_fusion=ks.bias_dropout_fusion,
+                   fused_softmax=fused_softmax, softmax_in_fp32=ks.softmax_in_fp32)
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo

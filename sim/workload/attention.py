@@ -10,7 +10,17 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from sim.units import DTYPE_BYTES
-from sim.workload.ops import ATTENTION, DROPOUT, SOFTMAX, SOFTMAX_BWD, Op, elementwise, gemm
+from sim.workload.ops import (
+    ATTENTION,
+    DROPOUT,
+    SOFTMAX,
+    SOFTMAX_BWD,
+    SOFTMAX_TORCH,
+    SOFTMAX_TORCH_BWD,
+    Op,
+    elementwise,
+    gemm,
+)
 
 if TYPE_CHECKING:  # transformer.py imports this module
     from sim.workload.transformer import TransformerDims
@@ -52,8 +62,9 @@ def flash_attention_op(name: str, d: TransformerDims, b: int, tp: int, dtype: st
     )
 
 
-def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_kernel: bool
-                        ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_kernel: bool,
+                       fused_softmax: bool = True, softmax_in_fp32: bool = True
+                       ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """Unfused attention as Megatron-LM ran it before flash attention: (forward ops, backward ops).
 
     Forward: scores = QKᵀ (``torch.baddbmm``, one GEMM per head), the fused scale-mask-softmax kernel over
@@ -69,6 +80,14 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
     baddbmm on CUDA first copies that broadcast input into the whole b·heads·s² output
     (aten/src/ATen/native/cuda/Blas.cpp, ``baddbmm_out_cuda_impl``: ``result.copy_(self)`` when β ≠ 0),
     which cuBLAS then reads back as C: the scores are written once more and read once.
+
+    Without the fused kernel (``fused_softmax`` False: the fusion off, or scores outside the kernel's
+    limits, ``sim.workload.kernels.fused_softmax_runs``) Megatron's ``forward_torch_softmax`` runs instead
+    (megatron/model/fused_softmax.py): with ``softmax_in_fp32`` the 16-bit scores are cast to fp32, scaled
+    (``input * scale``: the layer-number coefficient of query-key layer scaling), masked in place
+    (``masked_fill_``), softmaxed by torch and cast back — five kernels over the s² scores instead of one,
+    and autograd runs the five backwards. Per score element with 16-bit scores: forward 6 + 8 + 8 + 8 + 6 =
+    36 bytes, backward 6 + 12 + 8 + 8 + 6 = 40, against the fused kernel's 4 and 6.
     """
     s, heads_t, hd = d.seq_len, d.heads // tp, d.head_dim
     e = DTYPE_BYTES[dtype]
@@ -79,10 +98,14 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
     if d.position == "alibi":
         fwd.append(elementwise("attention.alibi_bias", e * scores, dtype))
         qk = dataclasses.replace(qk, bytes=qk.bytes + e * scores)
-    fwd += [
-        qk,
-        elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores, family=SOFTMAX),
-    ]
+    if fused_softmax:
+        softmax: tuple[Op, ...] = (
+            elementwise("attention.softmax", 2 * e * scores, dtype, flops=5.0 * scores, family=SOFTMAX),)
+        softmax_b: tuple[Op, ...] = (elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores,
+                                                 family=SOFTMAX_BWD),)
+    else:
+        softmax, softmax_b = _torch_softmax(scores, dtype, softmax_in_fp32)
+    fwd += [qk, *softmax]
     bwd: list[Op] = [
         gemm("attention.dprobs", s, s, hd, dtype, batch),
         gemm("attention.dv", s, hd, s, dtype, batch),
@@ -94,10 +117,39 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
                                family=DROPOUT))
     fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
     bwd += [
-        elementwise("attention.softmax.bwd", 3 * e * scores, dtype, flops=4.0 * scores, family=SOFTMAX_BWD),
+        *softmax_b,
         gemm("attention.dq", s, hd, s, dtype, batch),
         gemm("attention.dk", s, hd, s, dtype, batch),
     ]
+    return tuple(fwd), tuple(bwd)
+
+
+def _torch_softmax(scores: float, dtype: str, in_fp32: bool) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Megatron's torch fallback of the scale-mask-softmax over ``scores`` elements: (forward ops, backward
+    ops in autograd's order). ``in_fp32`` casts 16-bit scores to fp32 around it (``softmax_in_fp32``);
+    the causal mask is a shared s×s tensor that stays in cache and is not counted."""
+    e = DTYPE_BYTES[dtype]
+    f = _FP32_BYTES if in_fp32 else e  # bytes per element inside the fallback
+    cast = f != e
+    fwd: list[Op] = []
+    bwd: list[Op] = []
+    if cast:
+        fwd.append(elementwise("attention.scores.float", (e + f) * scores, dtype))
+    fwd += [
+        elementwise("attention.scale", 2 * f * scores, dtype, flops=scores),
+        elementwise("attention.mask_fill", 2 * f * scores, dtype),
+        elementwise("attention.softmax", 2 * f * scores, dtype, flops=5.0 * scores, family=SOFTMAX_TORCH),
+    ]
+    if cast:
+        fwd.append(elementwise("attention.probs.to_16bit", (f + e) * scores, dtype))
+        bwd.append(elementwise("attention.probs.to_16bit.bwd", (e + f) * scores, dtype))
+    bwd += [
+        elementwise("attention.softmax.bwd", 3 * f * scores, dtype, flops=4.0 * scores, family=SOFTMAX_TORCH_BWD),
+        elementwise("attention.mask_fill.bwd", 2 * f * scores, dtype),
+        elementwise("attention.scale.bwd", 2 * f * scores, dtype, flops=scores),
+    ]
+    if cast:
+        bwd.append(elementwise("attention.scores.float.bwd", (f + e) * scores, dtype))
     return tuple(fwd), tuple(bwd)
 
 

@@ -76,7 +76,8 @@ Sources (public code, read at the period named):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -124,6 +125,22 @@ class KernelSet:
     # backward, a pre-divide over the unsharded gradient before each reduce-scatter, a cast of the shard
     # before each all-gather.
     fsdp_flat_param: bool = False
+    # Megatron's three elementwise fusions (its --no-bias-gelu-fusion, --no-bias-dropout-fusion and
+    # --no-masked-softmax-fusion turn them off; training.fusion overrides these): bias + GeLU in one
+    # TorchScript kernel, bias + dropout + residual add in one, and the scale-mask-softmax CUDA kernel of
+    # standard attention. Off, Megatron runs their eager fallbacks (sim.workload.transformer,
+    # sim.workload.attention).
+    bias_gelu_fusion: bool = True
+    bias_dropout_fusion: bool = True
+    masked_softmax_fusion: bool = True
+    # The fused softmax kernel's shape limits (``FusedScaleMaskSoftmax.is_kernel_available``): it runs
+    # for 16 < key length <= ``fused_softmax_max_seq`` with the query length a multiple of
+    # ``fused_softmax_seq_multiple`` and (micro-batch × heads per GPU) a multiple of 4; any other shape
+    # takes the torch path, which with ``softmax_in_fp32`` (Megatron's default
+    # --apply-query-key-layer-scaling forces it) casts the 16-bit scores to fp32 first.
+    fused_softmax_max_seq: int = 2048
+    fused_softmax_seq_multiple: int = 4
+    softmax_in_fp32: bool = True
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -147,7 +164,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-lm-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
-            norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN,
+            norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),
@@ -155,13 +172,14 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
+            fused_softmax_max_seq=4096,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
         KernelSet(
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
-            te_attention=True,
+            te_attention=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),
@@ -170,6 +188,9 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=False, grad_reduce_fp32=False, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, norm_kernel="framework", optimizer_impl="unfused",
             clip_always_scales=True, fsdp_flat_param=True,
+            # standard attention in eager torch (llm-foundry's attn_impl torch): no fused softmax, and
+            # autocast runs torch.softmax in fp32 (priced as Megatron's fp32 fallback)
+            masked_softmax_fusion=False,
             description="PyTorch 2.1 eager + FSDP (FlatParameter, bf16 mixed precision) + Composer, as llm-foundry ran "
                         "in 2023: torch kernels, unfused AdamW, bf16 gradient reduce-scatter",
         ),
@@ -189,6 +210,31 @@ def megatron_bucket_params(data_parallel: int) -> int:
     (``disable_bucketing``) on model chunks after the first: those reduce each chunk's gradients whole."""
     return max(40_000_000, 1_000_000 * data_parallel)
 DEFAULT_KERNEL_SET = "transformer-engine"
+FUSIONS = ("bias_gelu", "bias_dropout_add", "masked_softmax")  # training.fusion's keys
+
+
+def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
+                   scatter_gather: bool | None = None) -> KernelSet:
+    """The kernel set as the scenario ran it: ``training.fusion``'s switches (None keeps the set's own)
+    and ``parallel.scatter_gather``."""
+    fields = {"bias_gelu": "bias_gelu_fusion", "bias_dropout_add": "bias_dropout_fusion",
+              "masked_softmax": "masked_softmax_fusion"}
+    changes: dict[str, Any] = {fields[k]: v for k, v in (fusion or {}).items() if v is not None}
+    if scatter_gather is not None:
+        changes["scatter_gather_p2p"] = scatter_gather
+    return replace(ks, **changes) if changes else ks
+
+
+def fused_softmax_runs(ks: KernelSet, seq_len: int, batch_heads: int, dtype: str) -> bool:
+    """Whether standard attention's scale-mask-softmax runs the fused kernel for these scores (else the
+    torch path): the fusion is on, the scores are 16-bit, and the shape is within the kernel's limits —
+    Megatron-LM 2021 16 < s <= 2048, s % 4 == 0 (megatron/model/fused_softmax.py, v2.5); Megatron-LM
+    2022 and Megatron-DeepSpeed of 2022 s <= 4096; Transformer Engine 16 < s < 16384, s % 8 == 0
+    (transformer_engine/pytorch/attention/dot_product_attention/softmax.py); all with b·heads/t % 4 == 0.
+    Self-attention: the query and key lengths are both ``seq_len``."""
+    return (ks.masked_softmax_fusion and dtype in ("fp16", "bf16")
+            and 16 < seq_len <= ks.fused_softmax_max_seq and seq_len % ks.fused_softmax_seq_multiple == 0
+            and batch_heads % 4 == 0)
 
 
 def persistent_norm(ks: KernelSet, norm_kernel: str, hidden: int) -> bool:

@@ -153,12 +153,12 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
                  if sp else (seg((norm1, qkv, core, attn_out), after_row, comm_bytes),))
     forward = (
         *attention,
-        seg((add1, norm2, router, topk), None, 0.0),
+        seg((*add1, norm2, router, topk), None, 0.0),
         *shared_fwd,
         seg((permute,), ALL_TO_ALL_EP if ep > 1 else None, a2a),  # dispatch
         seg((up, mlp_act, down), ALL_TO_ALL_EP if ep > 1 else None, a2a),  # combine
         *((seg((unpermute,), ALL_GATHER_TP, comm_bytes),) if regather else (seg((unpermute,), None, 0.0),)),
-        seg((add2,), None, 0.0),
+        seg(add2, None, 0.0),
     )
 
     add2_b = tf._dropout_add_bwd("mlp_dropout_add.bwd", local, h, act, drop, d.bias)

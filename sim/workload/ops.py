@@ -23,7 +23,14 @@ PERSISTENT_NORM_BWD = "persistent_norm.bwd"
 SOFTMAX = "softmax"  # softmax over rows (the attention scores), fused with scale and mask where the stack did
 SOFTMAX_BWD = "softmax.bwd"
 DROPOUT = "dropout"  # dropout, alone or fused with bias and residual add (random numbers drawn per element)
-MEMORY_FAMILIES = (NORM, NORM_BWD, PERSISTENT_NORM, PERSISTENT_NORM_BWD, SOFTMAX, SOFTMAX_BWD, DROPOUT)
+SOFTMAX_TORCH = "softmax.torch"  # torch's own (multi-pass) softmax: the unfused fallback of SOFTMAX
+SOFTMAX_TORCH_BWD = "softmax.torch.bwd"
+MEMORY_FAMILIES = (NORM, NORM_BWD, PERSISTENT_NORM, PERSISTENT_NORM_BWD, SOFTMAX, SOFTMAX_BWD, DROPOUT, SOFTMAX_TORCH,
+                   SOFTMAX_TORCH_BWD)
+# Families whose kernel `dtsim calibrate` times under another family's name: it measures torch's own
+# softmax (calibrate.membw), which prices the fused softmax in a measured profile and is exactly the
+# unfused fallback's kernel.
+MEASURED_AS = {SOFTMAX_TORCH: SOFTMAX, SOFTMAX_TORCH_BWD: SOFTMAX_BWD}
 
 
 # ``Op.kernel`` of a fused attention run by Transformer Engine: whatever kernel TE selects on the GPU (its

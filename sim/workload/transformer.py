@@ -278,13 +278,23 @@ def _norm_bwd(name: str, tokens: int, h: int, dtype: str, residual: bool = True,
                        family=PERSISTENT_NORM_BWD if persistent else NORM_BWD)
 
 
-def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True) -> Op:
+def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True, bias: bool = True,
+                     fused: bool = True) -> tuple[Op, ...]:
     """bias + dropout + residual add: branch and residual in, sum and mask out. Without dropout (p = 0
-    PyTorch's dropout returns its input and launches nothing) only the adds remain: a streaming kernel."""
+    PyTorch's dropout returns its input and launches nothing) only the adds remain: a streaming kernel.
+    Unfused (``fused`` False: Megatron's eager ``bias_dropout_add``) each step is its own kernel: the bias
+    add (branch in and out), the dropout (in, out and mask) and the residual add (two in, one out)."""
     e = DTYPE_BYTES[dtype]
-    if not dropout:
-        return elementwise(name, tokens * h * 3 * e, dtype, flops=2.0 * tokens * h)
-    return elementwise(name, tokens * h * (3 * e + _MASK_BYTES), dtype, flops=3.0 * tokens * h, family=DROPOUT)
+    n = tokens * h
+    if fused:
+        if not dropout:
+            return (elementwise(name, n * 3 * e, dtype, flops=2.0 * n),)
+        return (elementwise(name, n * (3 * e + _MASK_BYTES), dtype, flops=3.0 * n, family=DROPOUT),)
+    ops = [elementwise(f"{name}.bias", 2 * n * e, dtype, flops=float(n))] if bias else []
+    if dropout:
+        ops.append(elementwise(f"{name}.dropout", n * (2 * e + _MASK_BYTES), dtype, flops=2.0 * n, family=DROPOUT))
+    ops.append(elementwise(f"{name}.residual", 3 * n * e, dtype, flops=float(n)))
+    return tuple(ops)
 
 
 def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True, bias: bool = True) -> Op:
@@ -331,6 +341,8 @@ def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
     flash_kernel: str = "", persistent_norm: bool = False, fp8_recipe: str = "delayed",
+    bias_gelu_fusion: bool = True, bias_dropout_fusion: bool = True, fused_softmax: bool = True,
+    softmax_in_fp32: bool = True,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -356,6 +368,14 @@ def layer_ops(
     FastLayerNorm, Transformer Engine's), which reaches more bandwidth than a framework's (``Op.family``).
     ``d.dropout`` = 0 drops the dropout kernels (PyTorch launches nothing for p = 0). ``fp8_recipe``: the
     scaling of fp8 GEMM inputs (see ``_with_fp8_casts``).
+
+    Megatron's fusions (``sim.workload.kernels.KernelSet``): ``bias_gelu_fusion`` False adds the MLP bias
+    in its own kernel before the GeLU (``F.gelu(x + bias)``, megatron/model/transformer.py ParallelMLP);
+    ``bias_dropout_fusion`` False runs ``bias_dropout_add`` eagerly: ``x + bias``, dropout, then
+    ``residual + out``, three kernels where the fused one is one; ``fused_softmax`` False (with
+    ``softmax_in_fp32``) prices standard attention's torch softmax path
+    (``sim.workload.attention.standard_attention``). Their backwards move what the fused kernels' do
+    (autograd passes the gradient through the adds), so only the forward and its recompute change.
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -382,11 +402,15 @@ def layer_ops(
         core_b: tuple[Op, ...] = (flash_attention_op("attention.bwd", d, b, t, act, backward=True,
                                                      kernel=flash_kernel),)
     else:
-        core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop)
-    add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop)
+        core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop, fused_softmax,
+                                          softmax_in_fp32)
+    add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
     norm2 = _norm_fwd("norm2", local, h, act, pn)
-    mlp_act = _activation_fwd(d.mlp, tokens, ffn_t, act)
-    add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act, drop)
+    mlp_act: tuple[Op, ...] = (_activation_fwd(d.mlp, tokens, ffn_t, act),)
+    if d.bias and d.mlp == "gelu" and not bias_gelu_fusion:
+        mlp_act = (elementwise("mlp_bias_add", 2 * tokens * ffn_t * DTYPE_BYTES[act], act,
+                               flops=float(tokens * ffn_t)), *mlp_act)
+    add2 = _dropout_add_fwd("mlp_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
 
     forward: tuple[Segment, ...]
     backward_input: tuple[Segment, ...]
@@ -394,15 +418,15 @@ def layer_ops(
         forward = (
             _seg((norm1,), before_col, comm_bytes),
             _seg((qkv, *core, attn_out), after_row, comm_bytes),
-            _seg((add1, norm2), before_col, comm_bytes),
-            _seg((up, mlp_act, down), after_row, comm_bytes),
-            _seg((add2,), None, 0.0),
+            _seg((*add1, norm2), before_col, comm_bytes),
+            _seg((up, *mlp_act, down), after_row, comm_bytes),
+            _seg(add2, None, 0.0),
         )
     else:
         forward = (
             _seg((norm1, qkv, *core, attn_out), after_row, comm_bytes),
-            _seg((add1, norm2, up, mlp_act, down), after_row, comm_bytes),
-            _seg((add2,), None, 0.0),
+            _seg((*add1, norm2, up, *mlp_act, down), after_row, comm_bytes),
+            _seg(add2, None, 0.0),
         )
 
     add2_b = _dropout_add_bwd("mlp_dropout_add.bwd", local, h, act, drop, d.bias)

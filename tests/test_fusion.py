@@ -1,0 +1,178 @@
+"""Megatron's fusion switches (training.fusion), the fused softmax's shape limits, and scatter/gather p2p.
+
+Byte counts against hand calculations of the kernels Megatron's eager fallbacks launch; simulated step
+times against the sum of the added kernels' prices; the pipeline's sends against the activation size.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.api import simulate
+from sim.cost.roofline import RooflineCostModel
+from sim.engine.timeline import COMM_PP
+from sim.errors import ScenarioError
+from sim.hardware.gpu import GPU_PRESETS
+from sim.scenario import scenario_from_dict
+from sim.workload.attention import standard_attention
+from sim.workload.kernels import KERNEL_SETS, fused_softmax_runs, with_overrides
+from sim.workload.transformer import TransformerDims, layer_ops
+
+D = TransformerDims(layers=2, hidden=1024, heads=16, ffn_hidden=4096, vocab=1024, seq_len=1024)
+
+
+def _softmax_bytes(ops) -> float:
+    """Bytes of every op of the attention core but its GEMMs and dropout (the softmax and its wrappers)."""
+    return sum(op.bytes for op in ops if op.kind != "gemm" and "dropout" not in op.name)
+
+
+@pytest.mark.parametrize(("dtype", "fwd_per_elem", "bwd_per_elem"), [
+    ("bf16", 6 + 8 + 8 + 8 + 6, 6 + 12 + 8 + 8 + 6),  # cast, scale, mask, softmax, cast back (fp32 inside)
+    ("fp32", 8 + 8 + 8, 12 + 8 + 8),  # no casts: scale, mask, softmax
+])
+def test_torch_softmax_moves_its_five_kernels_bytes(dtype, fwd_per_elem, bwd_per_elem):
+    b, t = 2, 4
+    scores = b * (D.heads // t) * D.seq_len ** 2
+    fwd, bwd = standard_attention(D, b, t, dtype, dropout_kernel=True, fused_softmax=False)
+    assert _softmax_bytes(fwd) == scores * fwd_per_elem
+    assert _softmax_bytes(bwd) == scores * bwd_per_elem
+    e = 2 if dtype == "bf16" else 4
+    fused_f, fused_b = standard_attention(D, b, t, dtype, dropout_kernel=True)
+    assert _softmax_bytes(fused_f) == scores * 2 * e and _softmax_bytes(fused_b) == scores * 3 * e
+    # every fallback kernel is part of the attention core (selective recompute re-runs it)
+    assert all(op.name.startswith("attention.") for op in fwd)
+
+
+def test_fused_softmax_shape_limits_per_code_base():
+    m21, m22, te = KERNEL_SETS["megatron-lm-2021"], KERNEL_SETS["megatron-lm-2022"], KERNEL_SETS["transformer-engine"]
+    assert fused_softmax_runs(m21, 2048, 12, "bf16") and not fused_softmax_runs(m21, 4096, 12, "bf16")
+    assert fused_softmax_runs(m22, 4096, 12, "fp16") and not fused_softmax_runs(m22, 8192, 12, "fp16")
+    assert fused_softmax_runs(te, 8192, 12, "bf16") and not fused_softmax_runs(te, 16384, 12, "bf16")
+    assert fused_softmax_runs(m22, 2052, 12, "bf16") and not fused_softmax_runs(te, 2052, 12, "bf16")  # s % 8
+    assert not fused_softmax_runs(m21, 2048, 6, "bf16")  # b·heads/t not a multiple of 4
+    assert not fused_softmax_runs(m21, 16, 12, "bf16")  # 16 < s
+    assert not fused_softmax_runs(m21, 2048, 12, "fp32")  # 16-bit scores only
+    assert not fused_softmax_runs(with_overrides(m21, {"masked_softmax": False}), 2048, 12, "bf16")
+    assert not fused_softmax_runs(KERNEL_SETS["pytorch-fsdp-2023"], 2048, 12, "bf16")  # eager torch
+
+
+def _forward_ops(**kw):
+    lo = layer_ops(D, micro_batch=2, tp=2, sequence_parallel=False, dtype="bf16", attention="standard", **kw)
+    return [op for seg in lo.forward for op in seg.ops], [op for seg in lo.backward_input for op in seg.ops]
+
+
+def _bytes(ops) -> float:
+    return sum(op.bytes for op in ops)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_unfused_bias_dropout_add_adds_the_eager_kernels_bytes(bias):
+    """Fused: branch and residual in, sum out, 1-byte mask (3e + 1 per element). Eager: x + bias (2e),
+    dropout (2e + 1), residual + out (3e): 4e more with a bias, 2e without; the backward is unchanged."""
+    d = TransformerDims(**{**D.__dict__, "bias": bias})
+    n, e = 2 * d.seq_len * d.hidden, 2  # tokens × h per dropout-add, two per layer
+    fused = layer_ops(d, micro_batch=2, tp=2, sequence_parallel=False, dtype="bf16")
+    eager = layer_ops(d, micro_batch=2, tp=2, sequence_parallel=False, dtype="bf16", bias_dropout_fusion=False)
+    f_ops = [op for s in fused.forward for op in s.ops]
+    e_ops = [op for s in eager.forward for op in s.ops]
+    assert _bytes(e_ops) - _bytes(f_ops) == 2 * n * e * (4 if bias else 2)
+    assert len(e_ops) - len(f_ops) == 2 * (2 if bias else 1)
+    assert _bytes(op for s in eager.backward_input for op in s.ops) == _bytes(
+        op for s in fused.backward_input for op in s.ops)
+
+
+def test_unfused_bias_gelu_adds_the_bias_kernel():
+    """F.gelu(x + bias): one more pass in and out over the b·s × ffn/t activation; nothing for SwiGLU
+    or bias-free layers (no bias to add)."""
+    f, _ = _forward_ops()
+    u, _ = _forward_ops(bias_gelu_fusion=False)
+    assert _bytes(u) - _bytes(f) == 2 * (2 * D.seq_len) * (D.ffn_hidden // 2) * 2
+    assert [op.name for op in u if op.name not in {o.name for o in f}] == ["mlp_bias_add"]
+    for d in (TransformerDims(**{**D.__dict__, "bias": False}), TransformerDims(**{**D.__dict__, "mlp": "swiglu"})):
+        a = layer_ops(d, micro_batch=1, tp=1, sequence_parallel=False, dtype="bf16")
+        b = layer_ops(d, micro_batch=1, tp=1, sequence_parallel=False, dtype="bf16", bias_gelu_fusion=False)
+        assert a == b
+
+
+def _gpt(fusion=None, kernels="megatron-lm-2021", seq=1024, **par) -> dict:
+    tr = {"global_batch": 4, "micro_batch": 1, "kernels": kernels, "precision": "bf16"}
+    if fusion is not None:
+        tr["fusion"] = fusion
+    gpus = par.get("data", 2) * par.get("tensor", 1) * par.get("pipeline", 1)
+    return {"name": "fusion", "cluster": {"nodes": 1, "gpus_per_node": gpus, "gpu": "A100-80GB",
+                                          "gpu_speed_spread": 0.0},
+            "model": {"kind": "transformer", "layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096,
+                      "vocab": 8192, "seq_len": seq, "attention": "standard"},
+            "parallel": {"data": 2, **par}, "training": tr, "simulation": {"symmetry": "off"}}
+
+
+def test_unfused_step_costs_exactly_the_added_kernels():
+    """Data parallelism only: the fused and the eager run differ on GPU 0's compute stream by the priced
+    kernels Megatron's fallbacks add, forward and backward, for 4 layers × 2 micro-batches."""
+    fused = simulate(scenario_from_dict(_gpt()))
+    eager = simulate(scenario_from_dict(_gpt(fusion=False)))
+    cost = RooflineCostModel(GPU_PRESETS["A100-80GB"])
+    d = TransformerDims(layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=8192, seq_len=1024)
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, dtype="bf16", attention="standard",
+              attention_dropout_kernel=True)
+    a = layer_ops(d, **kw)
+    b = layer_ops(d, **kw, bias_gelu_fusion=False, bias_dropout_fusion=False, fused_softmax=False)
+
+    def priced(lo) -> float:
+        return sum(cost.op_time_s(op) for s in (*lo.forward, *lo.backward_input) for op in s.ops)
+
+    def compute_s(res) -> float:
+        return sum(x.dur_s for x in res.timeline.spans if x.gpu == 0 and x.stream == "compute")
+
+    expected = 4 * 2 * (priced(b) - priced(a))
+    assert expected > 0
+    assert compute_s(eager) - compute_s(fused) == pytest.approx(expected, rel=1e-9)
+    assert eager.summary["step_time_s"] > fused.summary["step_time_s"]
+
+
+def test_long_sequence_falls_back_to_torch_softmax_and_keeps_fp32_probabilities():
+    """Megatron-LM 2021's fused softmax stops at s = 2048: at 4096 the torch path runs (and its backward
+    keeps the fp32 output, 2 more bytes per score element); Megatron-LM 2022's kernel goes to 4096."""
+    r21 = simulate(scenario_from_dict(_gpt(seq=4096)))
+    r22 = simulate(scenario_from_dict(_gpt(seq=4096, kernels="megatron-lm-2022")))
+    extra = 2 * 1 * 16 * 4096 ** 2 * 4  # 2 bytes × b·heads·s², 4 layers (no pipeline: all in flight)
+    act21 = r21.summary["memory_by_stage"][0]["activations"]
+    forced = simulate(scenario_from_dict(_gpt(seq=4096, kernels="megatron-lm-2022",
+                                              fusion={"masked_softmax": False})))
+    assert forced.summary["memory_by_stage"][0]["activations"] - r22.summary["memory_by_stage"][0][
+        "activations"] == pytest.approx(extra, rel=1e-9)
+    assert act21 == pytest.approx(forced.summary["memory_by_stage"][0]["activations"], rel=1e-9)
+
+
+def test_scatter_gather_off_sends_the_whole_activation_per_tp_rank():
+    """Megatron's scatter/gather: each of t TP ranks sends 1/t of b·s·h·2 bytes (then all-gathers it);
+    off, each sends all of it, which across nodes takes longer."""
+    base = {"tensor": 2, "pipeline": 2, "data": 2}
+    act = 1 * 1024 * 1024 * 2
+
+    def sends(sg):
+        spec = _gpt(**base)
+        spec["cluster"].update(nodes=2, gpus_per_node=4, inter_node="hdr", nics_per_node=4)  # stages apart
+        if sg is not None:
+            spec["parallel"]["scatter_gather"] = sg
+        res = simulate(scenario_from_dict(spec))
+        return {x.args.get("bytes") for x in res.timeline.spans if x.category == COMM_PP and x.gpu == 0
+                and x.stream == "p2p"}, res.summary["step_time_s"]
+
+    (on, t_on), (off, t_off) = sends(None), sends(False)
+    assert on == {act / 2} and off == {act}
+    assert t_off > t_on
+
+
+def test_fusion_shorthand_partial_mapping_and_bad_keys():
+    sc = scenario_from_dict(_gpt(fusion=False))
+    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": False, "masked_softmax": False}
+    sc = scenario_from_dict(_gpt(fusion={"bias_gelu": False}))
+    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": True, "masked_softmax": True}
+    sc = scenario_from_dict(_gpt(kernels="pytorch-fsdp-2023"))
+    assert sc.training.fusion.masked_softmax is False  # eager torch has no fused softmax
+    assert sc.parallel.scatter_gather is False
+    with pytest.raises(ScenarioError, match="fusion"):
+        scenario_from_dict(_gpt(fusion={"bias_gleu": False}))
+    with pytest.raises(ScenarioError, match="fusion"):
+        scenario_from_dict(_gpt(fusion="off"))

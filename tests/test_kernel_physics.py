@@ -258,6 +258,20 @@ def test_megatron_step_work_by_hand() -> None:
     assert job.grad_elem_bytes == 4
 
 
+def test_megatron_fp16_step_copies_its_16bit_grads_to_fp32_first() -> None:
+    """fp16 keeps 16-bit main gradients (2 bytes zeroed): the step adds their copy to fp32 (2 + 4 bytes
+    per parameter) before Adam, and the norm reads the fp32 copies (4 bytes, not 2)."""
+    sc = _megatron(training__precision="fp16", training__loss_scaling="dynamic")
+    cost = cost_model_for(sc)
+    job, info = build_job(sc, cost)
+    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
+    params = max(x["weights"] for x in info.memory_by_stage) / 2
+    assert job.grad_elem_bytes == 2
+    assert job.optimizer.dur_s == pytest.approx(params * (6 + 28 + 6 + 2) / bw + 4 * sc.gpu.kernel_launch_s,
+                                                rel=1e-9)
+    assert job.clip.dur_s == pytest.approx(params * 4 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+
+
 def test_deepspeed_bf16_accumulation_goes_through_an_fp32_temporary() -> None:
     """DeepSpeed's BF16_Optimizer.update_hp_grads adds ``lp.grad.to(fp32)``: the cast reads 2 and writes 4
     bytes per parameter, the add reads the temporary and the accumulator and writes the accumulator

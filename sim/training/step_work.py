@@ -42,6 +42,11 @@ OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", Tr
 FUSED_ADAM_BYTES_PER_PARAM = 28
 COPY_TO_16BIT_BYTES_PER_PARAM = 6
 CLIP_NORM_BYTES_PER_GRAD = 4
+# fp16 with 16-bit main gradients (no --accumulate-allreduce-grads-in-fp32, which bf16 forces): the step
+# first copies them to the fp32 master parameters' gradients (``_copy_model_grads_to_main_grads``:
+# ``main_param.grad = model_param.main_grad.float()``, read 2 and write 4), and the norm then reads those
+# fp32 copies. With fp32 main gradients ``.float()`` returns the tensor itself: no pass.
+COPY_GRADS_TO_FP32_BYTES_PER_GRAD = 6
 # An optimizer run as one torch kernel per arithmetic step (KernelSet.optimizer_impl "unfused"), per fp32
 # parameter. Adam as Composer's DecoupledAdamW.adamw does it (composer/optim/decoupled_weight_decay.py,
 # 2023; no weight decay, as llm-foundry's MPT yamls set 0): exp_avg.mul_ (r 4, w 4), .add_(grad) (r 8,
@@ -276,7 +281,10 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
         opt_ops = [elementwise("fused adam", shard * FUSED_ADAM_BYTES_PER_PARAM, "fp32"),
                    elementwise("copy params to 16-bit", shard * COPY_TO_16BIT_BYTES_PER_PARAM, "fp32"),
                    elementwise("zero main_grad", grads * gbytes, "fp32")]
-    opt = op_block(cost, "optimizer step", opt_ops)[0]
     norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
+    if mixed and gbytes < 4 and optimizer != "sgd":  # 16-bit main gradients copied to fp32 first (above)
+        opt_ops.insert(0, elementwise("copy grads to fp32", shard * COPY_GRADS_TO_FP32_BYTES_PER_GRAD, "fp32"))
+        norm = elementwise("grad norm", shard * CLIP_NORM_BYTES_PER_GRAD, "fp32")
+    opt = op_block(cost, "optimizer step", opt_ops)[0]
     clip = Block("grad norm", cost.op_time_s(norm), category=CLIP_GRAD)
     return opt, clip

@@ -176,3 +176,29 @@ def test_fusion_shorthand_partial_mapping_and_bad_keys():
         scenario_from_dict(_gpt(fusion={"bias_gleu": False}))
     with pytest.raises(ScenarioError, match="fusion"):
         scenario_from_dict(_gpt(fusion="off"))
+
+
+def test_unfused_cross_entropy_moves_megatrons_passes_over_the_fp32_logits():
+    """Megatron-LM's loss before Megatron-Core's fusion: logits.float() (2 + 4 bytes per logit), max (4),
+    subtract (8), exp (8), sum (4), divide (8) forward; mul_ (8) and the cast back (4 + 2) backward.
+    The 2021/2022 Megatron sets and Megatron-DeepSpeed run it; Transformer Engine's (NeMo) the fused one."""
+    from sim.workload.transformer import head_ops
+
+    b, t = 2, 4
+    kw = dict(micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16")
+    n, tokens = b * D.seq_len * (D.vocab // t), b * D.seq_len
+
+    def ce_bytes(lo, backward):
+        segs = lo.backward_input if backward else lo.forward
+        return sum(op.bytes for s in segs for op in s.ops
+                   if op.kind != "gemm" and "norm" not in op.name)
+
+    fused, eager = head_ops(D, **kw), head_ops(D, **kw, fused_ce=False)
+    small = tokens * (8 + 2 + 4) + 4 * tokens * 4  # target gather and the per-token loss, both alike
+    assert ce_bytes(eager, False) == n * 38 + 2 * tokens * 4 + small  # max and sum write one fp32 per token
+    assert ce_bytes(eager, True) == n * 14
+    assert ce_bytes(fused, False) == n * 8 + tokens * 4 + small
+    assert ce_bytes(fused, True) == n * 6
+    assert not KERNEL_SETS["megatron-lm-2021"].fused_cross_entropy
+    assert not KERNEL_SETS["megatron-deepspeed-2022"].fused_cross_entropy
+    assert KERNEL_SETS["transformer-engine"].fused_cross_entropy

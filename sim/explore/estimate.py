@@ -274,7 +274,8 @@ class Estimator:
         else:
             recompute = ()
         emb = tf.embedding_ops(d, **kw)
-        head = tf.head_ops(d, **kw, persistent_norm=persistent_norm(ks, self.training.norm_kernel, d.hidden))
+        head = tf.head_ops(d, **kw, persistent_norm=persistent_norm(ks, self.training.norm_kernel, d.hidden),
+                           fused_ce=ks.fused_cross_entropy)
         emb_params = tf.embedding_params(d) / t
         emb_blocks = (blocks(cost, emb.forward, host_s=host) + blocks(cost, emb.backward_input, host_s=host)
                       + op_block(cost, "wgrad", emb.backward_weight, host)

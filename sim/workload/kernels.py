@@ -141,6 +141,10 @@ class KernelSet:
     fused_softmax_max_seq: int = 2048
     fused_softmax_seq_multiple: int = 4
     softmax_in_fp32: bool = True
+    # The loss: Megatron-Core's fused vocab-parallel cross-entropy (cross_entropy_loss_fusion, June 2024,
+    # which NeMo's and Megatron-Bridge's GPT configs turn on) or, before it, the fp32 cast of the logits and
+    # five passes over them (sim.workload.transformer.head_ops).
+    fused_cross_entropy: bool = True
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -156,7 +160,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="megatron-lm-2021", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
-            blocking_p2p=True, scatter_gather_p2p=True,
+            blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False,
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -165,6 +169,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
+            fused_cross_entropy=False,
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),
@@ -172,7 +177,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
-            fused_softmax_max_seq=4096,
+            fused_softmax_max_seq=4096, fused_cross_entropy=False,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
         KernelSet(

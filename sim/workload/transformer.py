@@ -554,13 +554,23 @@ def embedding_ops(
 
 def head_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
-    persistent_norm: bool = False,
+    persistent_norm: bool = False, fused_ce: bool = True,
 ) -> LayerOps:
     """Final norm, vocab-parallel logits GEMM (2bshV/t) and vocab-parallel cross-entropy.
 
     Cross-entropy (Megatron ``vocab_parallel_cross_entropy``) needs three all-reduces of b·s fp32 values:
     the max logit, the target logit and the sum of exponentials. The vocabulary is padded to a multiple
     of tp (ceil(V/t) columns per GPU).
+
+    ``fused_ce`` False: the cross-entropy as Megatron-LM and Megatron-DeepSpeed ran it before
+    Megatron-Core's loss fusion (June 2024): the GPT model casts the 16-bit logits to fp32 (``output.float()``,
+    --fp16-lm-cross-entropy off by default), then ``_VocabParallelCrossEntropy.forward`` (megatron/mpu/
+    cross_entropy.py) takes the max (read 4 bytes per logit), subtracts it in place (4 + 4), exponentiates
+    in place (4 + 4), sums (4) and divides by the sum in place (4 + 4) to keep the softmax for backward,
+    whose ``grad_input.mul_(grad_output)`` reads and writes it once more before autograd casts the gradient
+    back to 16 bits: 6 + 4 + 8 + 8 + 4 + 8 = 38 bytes per logit forward, 8 + 6 = 14 backward. Fused
+    (the default): the max and the exponent-sum passes read the 16-bit logits and write the fp32 softmax
+    (8 bytes), the backward reads it and writes the 16-bit gradient (6).
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -587,16 +597,32 @@ def head_ops(
         _seg((ce_sum_exp,), small_comm, small),
         _seg((ce_loss,), None, 0.0),
     )
+    ce_b = elementwise("ce.bwd", tokens * v_t * (_FP32_BYTES + e), act, flops=2.0 * tokens * v_t)
+    ce_bwd: tuple[Op, ...] = (ce_b,)
+    if not fused_ce:
+        n, f = tokens * v_t, _FP32_BYTES
+        ce_max = elementwise("ce_max", n * f + tokens * f, act, flops=float(n))
+        ce_cast: tuple[Op, ...] = (elementwise("logits.float", n * (e + f), act),) if e != f else ()
+        ce_max_ops = (*ce_cast, ce_max)
+        ce = (
+            _seg((elementwise("ce_sub_max", 2 * n * f, act, flops=float(n)), ce_target), small_comm, small),
+            _seg((elementwise("ce_exp", 2 * n * f, act, flops=4.0 * n),
+                  elementwise("ce_sum", n * f + tokens * f, act, flops=float(n))), small_comm, small),
+            _seg((elementwise("ce_div", 2 * n * f, act, flops=float(n)), ce_loss), None, 0.0),
+        )
+        ce_bwd = (elementwise("ce.bwd", 2 * n * f, act, flops=float(n)),
+                  *((elementwise("logits.float.bwd", n * (f + e), act),) if e != f else ()))
+    else:
+        ce_max_ops = (ce_max,)
     forward: tuple[Segment, ...]
     if sp:
-        forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, ce_max), small_comm, small), *ce)
+        forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, *ce_max_ops), small_comm, small), *ce)
     else:
-        forward = (_seg((norm, logits, ce_max), small_comm, small), *ce)
+        forward = (_seg((norm, logits, *ce_max_ops), small_comm, small), *ce)
 
-    ce_b = elementwise("ce.bwd", tokens * v_t * (_FP32_BYTES + e), act, flops=2.0 * tokens * v_t)
     norm_b = _norm_bwd("final_norm.bwd", local, h, act, residual=False, persistent=persistent_norm)
     backward_input = (
-        _seg((ce_b, _dgrad(logits)), _conjugate(before_col, t), comm_bytes),
+        _seg((*ce_bwd, _dgrad(logits)), _conjugate(before_col, t), comm_bytes),
         _seg((norm_b,), None, 0.0),
     )
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=(_wgrad(logits),))

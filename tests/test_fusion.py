@@ -174,7 +174,7 @@ def test_fusion_shorthand_partial_mapping_and_bad_keys():
     assert sc.parallel.scatter_gather is False
     with pytest.raises(ScenarioError, match="fusion"):
         scenario_from_dict(_gpt(fusion={"bias_gleu": False}))
-    with pytest.raises(ScenarioError, match="fusion"):
+    with pytest.raises(ScenarioError, match="must be true, false or a mapping"):
         scenario_from_dict(_gpt(fusion="off"))
 
 

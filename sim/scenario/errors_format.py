@@ -145,6 +145,8 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
         return show(value), "must be a string", "quote it"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         desc = _describe(parent, path[-1] if path else None)
+        if desc.startswith("true | false"):  # a switch for all, or a mapping of switches
+            return show(value), "must be true, false or a mapping", f"give {desc}"
         if "preset" in desc or "|" in desc:  # a name or a mapping: say which names
             return show(value), "must be a name or a mapping", f"give {desc}"
         keys = allowed_keys(ann)

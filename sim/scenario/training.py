@@ -135,8 +135,8 @@ class Training(_Strict):
         "attn_impl: triton in 2023), each priced from its published speed curves",
     )
     fusion: Fusion = Field(
-        Fusion(), description="Megatron's fusions {bias_gelu, bias_dropout_add, masked_softmax}, each true or "
-        "false (false alone: all off); unset keys: what training.kernels ran",
+        Fusion(), description="true | false | {bias_gelu, bias_dropout_add, masked_softmax}: Megatron's fusions, "
+        "each true or false (false alone: all off); unset keys: what training.kernels ran",
     )
     norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]
         "auto", description="the LayerNorm/RMSNorm kernels: auto (what training.kernels ran: apex's affine "

@@ -146,7 +146,7 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
         num_gpus=scenario.total_gpus, global_batch=tr.global_batch, tokens_per_sample=info.tokens_per_sample,
         peak_flops=gpu.peak_flops(peak_dtype) if peak_dtype in gpu.peak_tflops or peak_dtype == "tf32" else 0.0,
         model_flops=info.model_flops_per_step, hardware_flops=info.hardware_flops_per_step,
-        single_gpu_time_s=info.single_gpu_time_s)
+        single_gpu_time_s=info.single_gpu_time_s, microbatches=scenario.microbatches)
     parallel: dict[str, Any] = {"data": par.data, "tensor": par.tensor, "pipeline": par.pipeline,
                                 "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
     if par.ep > 1:

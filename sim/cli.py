@@ -58,6 +58,15 @@ def summary_table(s: Summary) -> str:
         ("bubble (idle) fraction", f"{s.bubble_fraction:.1%}"),
         ("pipeline utilisation", f"{s.pipeline_utilisation:.1%}"),
     ]
+    lt = s.layer_time_s
+    if lt:
+        rows.append(("one layer", f"forward {format_seconds(lt['forward_s'])}, backward "
+                                  f"{format_seconds(lt['backward_s'])}"
+                                  + (f" (recompute {format_seconds(lt['recompute_s'])})" if lt["recompute_s"] else "")
+                                  + (f"; TP comm {format_seconds(lt['tp_comm_forward_s'])} + "
+                                     f"{format_seconds(lt['tp_comm_backward_s'])}"
+                                     if lt["tp_comm_forward_s"] or lt["tp_comm_backward_s"] else "")
+                                  + f" (GPU {lt['gpu']:.0f}, micro-batch {lt['microbatch']:.0f})"))
     if s.slowest_gpu_factor is not None and s.gpu_speed_spread:
         rows.append(("GPU speed spread", f"σ {s.gpu_speed_spread:.2%}: the slowest of {s.num_gpus} GPUs computes "
                                          f"×{s.slowest_gpu_factor:.3f} (cluster.gpu_speed_spread: 0 for identical GPUs)"))

@@ -3,10 +3,19 @@ memory bookkeeping); nothing is re-simulated or taken from a closed form."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from sim.engine.span_table import span_table
-from sim.engine.timeline import COMM_CATEGORIES, COMPUTE_CATEGORIES, STREAM_COMPUTE, Timeline
+from sim.engine.timeline import (
+    COMM_CATEGORIES,
+    COMM_TP,
+    COMPUTE_CATEGORIES,
+    RECOMPUTE,
+    STREAM_COMPUTE,
+    Timeline,
+)
 from sim.errors import ScenarioError
 from sim.summary import Summary
 
@@ -64,9 +73,57 @@ def breakdown_by_gpu(timeline: Timeline, gpus: list[int], t0: float, t1: float) 
     return out
 
 
+# A transformer layer's spans: "F<micro-batch> L<layer> …" forward, "R…" its recomputation, "B…" its
+# backward, as sim.engine.executor names them.
+_LAYER_SPAN = re.compile(r"^([FRB])(\d+) L(\d+) ")
+
+
+def layer_times(timeline: Timeline, gpu: int, microbatch: int) -> dict[str, float] | None:
+    """One transformer layer's forward and backward pass on ``gpu`` for ``microbatch``, read off its spans:
+    the wall time from its first span's start to its last's end (``forward_s``, ``backward_s``: the backward
+    with its recomputation), the compute kernels' share of it (``*_compute_s``, ``recompute_s``) and the
+    tensor-parallel collectives' (``tp_comm_*_s``, overlapped or not; the backward's with the
+    recomputation's). The median layer of that GPU, by
+    forward + backward time (its stage's layers differ only by what runs beside them); None when the GPU ran
+    no transformer layer for that micro-batch."""
+    table = span_table(timeline)
+    spans = timeline.spans
+    acc: dict[int, dict[str, float]] = {}
+    for k in np.flatnonzero(table.gpu == gpu).tolist():
+        sp = spans[k]
+        m = _LAYER_SPAN.match(sp.name)
+        if m is None or int(m.group(2)) != microbatch:
+            continue
+        d = acc.setdefault(int(m.group(3)), {"F_lo": np.inf, "F_hi": -np.inf, "B_lo": np.inf, "B_hi": -np.inf,
+                                            "forward_compute_s": 0.0, "backward_compute_s": 0.0,
+                                            "recompute_s": 0.0, "tp_comm_forward_s": 0.0,
+                                            "tp_comm_backward_s": 0.0})
+        p = m.group(1)
+        w = "F" if p == "F" else "B"  # the backward's window holds its recomputation
+        end = sp.start_s + sp.dur_s
+        d[f"{w}_lo"], d[f"{w}_hi"] = min(d[f"{w}_lo"], sp.start_s), max(d[f"{w}_hi"], end)
+        if sp.category == COMM_TP:
+            d["tp_comm_forward_s" if p == "F" else "tp_comm_backward_s"] += sp.dur_s
+        elif sp.stream == STREAM_COMPUTE:
+            key = ("forward_compute_s" if p == "F" else
+                   "recompute_s" if p == "R" or sp.category == RECOMPUTE else "backward_compute_s")
+            d[key] += sp.dur_s
+    rows = []
+    for layer, d in acc.items():
+        if d["F_hi"] < d["F_lo"] or d["B_hi"] < d["B_lo"]:
+            continue  # the step ended without this layer's backward (not a training step)
+        rows.append({"layer": layer, "forward_s": d["F_hi"] - d["F_lo"], "backward_s": d["B_hi"] - d["B_lo"],
+                     **{k: v for k, v in d.items() if k.endswith("_s")}})
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r["forward_s"] + r["backward_s"], r["layer"]))
+    median = rows[(len(rows) - 1) // 2]
+    return {**median, "gpu": gpu, "microbatch": microbatch, "layers_here": len(rows)}
+
+
 def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, workload: str, num_gpus: int,
                      global_batch: int, tokens_per_sample: int, peak_flops: float, model_flops: float,
-                     hardware_flops: float, single_gpu_time_s: float) -> Summary:
+                     hardware_flops: float, single_gpu_time_s: float, microbatches: int = 0) -> Summary:
     """The timeline's figures for a training run (layout, memory and cost are added by ``sim.api``)."""
     steps = len(step_ends)
     t_end = step_ends[-1]
@@ -86,6 +143,8 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, w
     idle_fracs = [v["idle_s"] / t_end for v in per_gpu.values()]
     util = [v["compute_s"] / t_end for v in per_gpu.values()]
     samples_per_s = global_batch / step_time
+    # A transformer layer of the bottleneck GPU, in the steady state (its middle micro-batch, first step).
+    layer = layer_times(timeline, crit, microbatches // 2) if workload == "transformer" and microbatches else None
     model_tflops = hardware_tflops = mfu = hfu = None  # None: not in the summary
     if model_flops > 0 and peak_flops > 0:
         # Model FLOPs count the model once (3 × forward); hardware FLOPs add what recomputation re-runs.
@@ -122,6 +181,7 @@ def training_summary(timeline: Timeline, step_ends: list[float], *, name: str, w
         speedup=speedup,
         efficiency=efficiency,
         overhead_gpu_s=overhead_gpu_s,
+        layer_time_s=layer,
     )
 
 

@@ -50,6 +50,8 @@ class Summary(Mapping[str, Any]):
     speedup: float | None = None
     efficiency: float | None = None
     overhead_gpu_s: float | None = None
+    # One transformer layer's forward and backward on the bottleneck GPU (sim.metrics.layer_times).
+    layer_time_s: dict[str, float] | None = None
     step_time_p50_s: float | None = None
     step_time_p90_s: float | None = None
     step_time_p99_s: float | None = None

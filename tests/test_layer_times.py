@@ -9,6 +9,7 @@ from sim.api import simulate
 from sim.build import build_job, cost_model_for
 from sim.cli import summary_table
 from sim.engine.timeline import COMM_TP
+from sim.outputs.report import _summary_rows
 from sim.scenario import scenario_from_dict
 from tests.test_training_sim import _tiny
 
@@ -45,6 +46,7 @@ def test_layer_time_is_its_priced_blocks_plus_its_collectives(checkpointing):
     assert len(mine) == (6 if checkpointing == "full" else 4)
     assert lt["tp_comm_forward_s"] + lt["tp_comm_backward_s"] == pytest.approx(sum(s.dur_s for s in mine))
     assert "one layer" in summary_table(res.summary)
+    assert any(label.startswith("one layer") for label, _ in _summary_rows(res.summary))
 
 
 def test_no_layer_time_for_models_without_transformer_layers():

@@ -86,6 +86,12 @@ def _summary_rows(s: SummaryView) -> list[tuple[str, str]]:
     ):
         if s.get(key) is not None:
             rows.append((label, _e(fmt(s[key]))))
+    lt = s.get("layer_time_s")
+    if lt:
+        rows.append(("one layer (forward / backward)",
+                     _e(f"{format_seconds(lt['forward_s'])} / {format_seconds(lt['backward_s'])}"
+                        + (f", recompute {format_seconds(lt['recompute_s'])}" if lt.get("recompute_s") else "")
+                        + f" (GPU {lt['gpu']:.0f}, micro-batch {lt['microbatch']:.0f})")))
     mb = s.get("memory_bytes")
     if mb:
         fits = s.get("fits_in_memory", True)

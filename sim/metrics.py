@@ -74,8 +74,9 @@ def breakdown_by_gpu(timeline: Timeline, gpus: list[int], t0: float, t1: float) 
 
 
 # A transformer layer's spans: "F<micro-batch> L<layer> …" forward, "R…" its recomputation, "B…" its
-# backward, as sim.engine.executor names them.
-_LAYER_SPAN = re.compile(r"^([FRB])(\d+) L(\d+) ")
+# backward, "W…" its weight gradients where the schedule runs them apart (zero-bubble), as
+# sim.engine.executor names them.
+_LAYER_SPAN = re.compile(r"^([FRBW])(\d+) L(\d+) ")
 
 
 def layer_times(timeline: Timeline, gpu: int, microbatch: int) -> dict[str, float] | None:
@@ -83,7 +84,8 @@ def layer_times(timeline: Timeline, gpu: int, microbatch: int) -> dict[str, floa
     the wall time from its first span's start to its last's end (``forward_s``, ``backward_s``: the backward
     with its recomputation), the compute kernels' share of it (``*_compute_s``, ``recompute_s``) and the
     tensor-parallel collectives' (``tp_comm_*_s``, overlapped or not; the backward's with the
-    recomputation's). The median layer of that GPU, by
+    recomputation's); ``weight_apart_s``: the weight-gradient kernels a split-backward schedule runs
+    apart (else they are in the backward). The median layer of that GPU, by
     forward + backward time (its stage's layers differ only by what runs beside them); None when the GPU ran
     no transformer layer for that micro-batch."""
     table = span_table(timeline)
@@ -97,8 +99,12 @@ def layer_times(timeline: Timeline, gpu: int, microbatch: int) -> dict[str, floa
         d = acc.setdefault(int(m.group(3)), {"F_lo": np.inf, "F_hi": -np.inf, "B_lo": np.inf, "B_hi": -np.inf,
                                             "forward_compute_s": 0.0, "backward_compute_s": 0.0,
                                             "recompute_s": 0.0, "tp_comm_forward_s": 0.0,
-                                            "tp_comm_backward_s": 0.0})
+                                            "tp_comm_backward_s": 0.0, "weight_apart_s": 0.0})
         p = m.group(1)
+        if p == "W":  # run apart from the backward: its kernels, outside the backward's window
+            if sp.stream == STREAM_COMPUTE:
+                d["weight_apart_s"] += sp.dur_s
+            continue
         w = "F" if p == "F" else "B"  # the backward's window holds its recomputation
         end = sp.start_s + sp.dur_s
         d[f"{w}_lo"], d[f"{w}_hi"] = min(d[f"{w}_lo"], sp.start_s), max(d[f"{w}_hi"], end)

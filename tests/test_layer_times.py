@@ -55,3 +55,16 @@ def test_no_layer_time_for_models_without_transformer_layers():
                                                  "params_per_layer": 1000},
                                        "parallel": {"data": 2}, "training": {"global_batch": 2}}))
     assert "layer_time_s" not in res.summary
+
+
+def test_zero_bubble_weight_gradients_are_counted_apart():
+    """ZB-H1 runs each layer's weight gradients apart from its backward: they are reported as
+    weight_apart_s; 1F1B runs them inside the backward (weight_apart_s 0)."""
+    def lt(schedule):
+        spec = _blocking_tp("none")
+        spec["parallel"].update(pipeline=2, data=1, schedule=schedule)
+        return simulate(scenario_from_dict(spec)).summary["layer_time_s"]
+
+    zb, f1 = lt("zb-h1"), lt("1f1b")
+    assert zb["weight_apart_s"] > 0 and f1["weight_apart_s"] == 0
+    assert zb["backward_compute_s"] < f1["backward_compute_s"]

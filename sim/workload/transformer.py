@@ -460,8 +460,11 @@ def layer_ops(
             attn=(norm2_b, add1_b, _dgrad(attn_out), _wgrad(attn_out), *core_b), qkv=qkv, last=(norm1_b,))
         backward_weight = ()
     if dtype == "fp8":
-        forward = _with_fp8_casts(forward, fp8_recipe)
-        backward_input = _with_fp8_casts(backward_input, fp8_recipe)
+        forward = _with_fp8_casts(forward, fp8_recipe, sp_tp=t if sp else 1)
+        backward_input = _with_fp8_casts(backward_input, fp8_recipe, sp_tp=t if sp else 1)
+        if sp:  # a split-backward schedule's W pass transposes the gathered inputs of qkv and the MLP's up
+            backward_weight = tuple(op for w in backward_weight
+                                    for op in ((_fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
 
 
@@ -487,30 +490,83 @@ def _overlapped_backward(sp: bool, comm_bytes: float, grad_row: str | None, *, m
 
 
 _FP8_CAST_BYTES_PER_ELEM = 2 + 1 + 1  # read bf16, write fp8 and fp8 transposed
+_FP8_QUANTIZE_BYTES_PER_ELEM = 2 + 1  # read bf16, write fp8 (row-wise only: an all-gather follows)
+_FP8_TRANSPOSE_BYTES_PER_ELEM = 1 + 1  # read fp8, write it transposed (the weight gradient's operand)
 _FP8_AMAX_BYTES_PER_ELEM = 2  # current scaling: read the bf16 input once more for its amax
+_FP8_OF_STORAGE = DTYPE_BYTES["fp8"] / DTYPE_BYTES[storage_dtype("fp8")]  # 1 of the 2 bytes bf16 moves
+_AMAX_BYTES = 4  # one fp32 amax, max-reduced over the TP group (current scaling, sequence parallel)
 FP8_RECIPES = ("delayed", "current")  # training.fp8_recipe
+# Weight gradients whose input was all-gathered (sequence parallelism): the column-parallel linears'.
+_GATHERED_WGRADS = frozenset({"qkv.wgrad", "mlp_up.wgrad", "mlp_gate_up.wgrad"})
 
 
-def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed") -> tuple[Segment, ...]:
+def _fp8_gemm_input(op: Op) -> bool:
+    """An fp8 GEMM whose m×k input is cast here (weight gradients reuse casts made for the other GEMMs)."""
+    return op.kind == "gemm" and op.dtype == "fp8" and not op.name.endswith(".wgrad")
+
+
+def _fp8_transpose(op: Op) -> Op:
+    """The column-wise (transposed) fp8 copy of a gathered input, made where its weight gradient (or,
+    for a gathered gradient, its input-gradient GEMM) first needs it: of ``op``'s k×m operand."""
+    elems = op.m * op.k * op.batch
+    return elementwise("fp8 transpose", elems * _FP8_TRANSPOSE_BYTES_PER_ELEM, "fp8", flops=0.0)
+
+
+def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_tp: int = 1) -> tuple[Segment, ...]:
     """Prefix each segment holding fp8 GEMMs with the cast_transpose of their m×k inputs.
 
     ``recipe``: Transformer Engine's scaling. ``delayed`` (DelayedScaling, TE's default) scales by the amax
     history of earlier iterations and records this tensor's amax inside the cast kernel; ``current``
     (Float8CurrentScaling) needs the tensor's own amax first: a reduction pass over the input
     (``nvte_compute_amax``), then the scale, then the cast, as TE's current-scaling quantizer and its
-    tests (tests/cpp/operator/test_cast_current_scaling.cu) run them."""
+    tests (tests/cpp/operator/test_cast_current_scaling.cu) run them.
+
+    ``sp_tp`` > 1 (sequence parallelism over that many TP ranks): the tensors all-gathered before a GEMM
+    travel in fp8. Transformer Engine quantizes this rank's shard *before* the gather and gathers the fp8
+    bytes: the norm output before QKV and the MLP's first linear (``_LayerNormLinear`` / ``_LayerNormMLP``
+    forward, TE 1.8 and 2.x: ``gather_along_first_dim`` of the quantized ``ln_out``, which the backward
+    re-gathers) and the output gradient before the row-parallel linears' input gradient
+    (``grad_output_preprocess``: ``cast_to_fp8`` then the gather, then ``fp8_transpose``). So the
+    all-gather moves 1 byte per element, the cast reads 2 and writes 1 per element of the shard (no
+    transposed copy: "all-gather is not supported with FP8 column-wise data"), and the transposed copy
+    (read 1, write 1 per gathered element) is made where the weight gradient needs it. Under current
+    scaling the shard's amax is max-reduced over the TP group first (``with_amax_reduction``: a blocking
+    all-reduce of one float), so every rank scales the gathered tensor alike."""
     if recipe not in FP8_RECIPES:
         raise ScenarioError(f"{recipe!r} is not one of {', '.join(FP8_RECIPES)}", field="training.fp8_recipe")
-    out = []
+    current = recipe == "current"
+    out: list[Segment] = []
+    gathered_into_next = False  # the segment before ends in a blocking all-gather of a GEMM input
     for seg in segments:
-        elems = sum(op.m * op.k * op.batch for op in seg.ops
-                    if op.kind == "gemm" and op.dtype == "fp8" and not op.name.endswith(".wgrad"))
+        ops = list(seg.ops)
+        pre: list[Op] = []
+        first = next((i for i, op in enumerate(ops) if _fp8_gemm_input(op)), None) if gathered_into_next else None
+        if first is not None:  # this GEMM's input arrived through the fp8 all-gather that ends ``before``
+            g = ops[first]
+            shard = g.m * g.k * g.batch // sp_tp
+            before = out.pop()
+            quantize = elementwise("fp8 cast (shard)", shard * _FP8_QUANTIZE_BYTES_PER_ELEM, "bf16", flops=float(shard))
+            if current:
+                amax = elementwise("fp8 amax (shard)", shard * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(shard))
+                out.append(replace(before, ops=(*before.ops, amax), comm=ALL_REDUCE, comm_bytes=_AMAX_BYTES))
+                out.append(replace(before, ops=(quantize,)))
+            else:
+                out.append(replace(before, ops=(*before.ops, quantize)))
+            if g.name.endswith(".dgrad"):  # a gathered gradient: transposed at once for the weight gradient
+                pre.append(_fp8_transpose(g))
+        skip = {first}
+        elems = sum(op.m * op.k * op.batch for i, op in enumerate(ops) if _fp8_gemm_input(op) and i not in skip)
         if elems:
             cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
-            amax = (elementwise("fp8 amax", elems * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(elems)),
-                    ) if recipe == "current" else ()
-            seg = replace(seg, ops=(*amax, cast, *seg.ops))
-        out.append(seg)
+            amax_ops = (elementwise("fp8 amax", elems * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(elems)),
+                        ) if current else ()
+            pre = [*amax_ops, cast, *pre]
+        if sp_tp > 1:
+            ops = [op2 for op in ops for op2 in ((_fp8_transpose(op), op) if op.name in _GATHERED_WGRADS else (op,))]
+        if seg.comm == ALL_GATHER and sp_tp > 1:
+            seg = replace(seg, comm_bytes=seg.comm_bytes * _FP8_OF_STORAGE)  # fp8 bytes, not the activations'
+        out.append(replace(seg, ops=(*pre, *ops)))
+        gathered_into_next = seg.comm == ALL_GATHER and sp_tp > 1 and not seg.overlap
     return tuple(out)
 
 

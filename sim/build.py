@@ -208,7 +208,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     if moe is None:
         lo = sw.dense_layer_ops(dl, **kw, attention=m.attention, ks=ks, schedule=par.schedule,
                                 flash_attention=tr.flash_attention, gbytes=gbytes, ebytes=ebytes,
-                                norm_kernel=tr.norm_kernel, fp8_recipe=tr.fp8_recipe)
+                                norm_kernel=tr.norm_kernel, fp8_recipe=tr.fp8_recipe,
+                                tp_comm_overlap=par.tp_comm_overlap)
     else:
         lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype,
                                flash_kernel=sw.flash_kernel(tr.flash_attention, ks), persistent_norm=pnorm)

@@ -352,9 +352,15 @@ class TrainingExecutor:
         self._lost_cum[g] = self._lost_cum.get(g, 0.0) + (now - self._lost_mark.get(g, now)) * held
         self._lost_mark[g] = now
 
-    def _comm_begin(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None = None) -> float:
-        """An overlapped collective starts on g; returns the SM share it holds."""
-        share = self._share_of(g, kind, op, size_bytes, peer)
+    def _comm_begin(self, g: int, kind: str, op: str, size_bytes: float, peer: int | None = None,
+                    ctas: int | None = None) -> float:
+        """An overlapped collective starts on g; returns the SM share it holds (``ctas``: the SMs its
+        kernel is given, as userbuffers are, instead of NCCL's CTAs)."""
+        nccl = self.job.nccl
+        if ctas is not None and nccl is not None:
+            share = min(ctas, nccl.sm_count - 1) / nccl.sm_count
+        else:
+            share = self._share_of(g, kind, op, size_bytes, peer)
         self._settle(g)
         self._comm_active[g] = self._comm_active.get(g, 0) + 1
         self._held[g] = self._held.get(g, 0.0) + share
@@ -473,7 +479,7 @@ class TrainingExecutor:
         if wait_s > 0:
             yield self.env.timeout(wait_s)
         start = self.env.now
-        share = self._comm_begin(g, kind, op, b.comm_bytes)
+        share = self._comm_begin(g, kind, op, b.comm_bytes, ctas=b.ctas)
         yield from self._collective(g, kind, op, b.comm_bytes)
         self._comm_end(g, share)
         if finish is not None:

@@ -25,6 +25,7 @@ class Block:
     flops: float = 0.0
     category: str | None = None  # span category; None: the caller's (forward, backward, …)
     overlap: bool = False
+    ctas: int | None = None  # SMs the overlapped collective holds (userbuffers); None: NCCL's CTAs
 
     @property
     def comm_op_kind(self) -> tuple[str, str]:

@@ -89,6 +89,8 @@ class Candidate:
             f"training.checkpointing={self.checkpointing}",
             # only a sharded optimizer gathers its update (a base that overlaps it keeps that for ZeRO 1/2)
             *(["parallel.overlap_param_gather=false"] if self.zero not in (1, 2) else []),
+            # userbuffers overlap sequence parallelism's collectives: a base that overlaps them keeps that
+            *(["parallel.tp_comm_overlap=false"] if not self.sequence_parallel else []),
         ]
 
     def label(self) -> str:
@@ -243,7 +245,8 @@ class Estimator:
         gb, eb = self.gbytes, self.ebytes
         lo = dense_layer_ops(d, **kw, attention=m.attention, ks=ks, schedule=schedule,
                              flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb,
-                             norm_kernel=self.training.norm_kernel, fp8_recipe=self.training.fp8_recipe)
+                             norm_kernel=self.training.norm_kernel, fp8_recipe=self.training.fp8_recipe,
+                             tp_comm_overlap=self.parallel.tp_comm_overlap)
         group = self._tp_group(t)
         k = self.slowest
 
@@ -258,7 +261,9 @@ class Estimator:
                     c = self.collective_s(blk.comm, "tp", group, blk.comm_bytes)
                     w = k * blk.dur_s
                     if blk.overlap:
-                        total += max(c, w + c * self.sm_share_of(blk.comm, "tp", group, blk.comm_bytes)) - w
+                        x = (min(blk.ctas, self.nccl.sm_count - 1) / self.nccl.sm_count if blk.ctas is not None
+                             else self.sm_share_of(blk.comm, "tp", group, blk.comm_bytes))
+                        total += max(c, w + c * x) - w
                     else:
                         total += c
             return total

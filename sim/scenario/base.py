@@ -59,8 +59,8 @@ class RuleError(ValueError):
 
 
 def show(value: Any, limit: int = 60) -> str:
-    """A short repr of a user value for a one-line message."""
-    text = repr(value).replace("\n", " ")
+    """A short repr of a user value for a one-line message (booleans as YAML writes them)."""
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value).replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -48,6 +48,14 @@ class Parallel(_Strict):
         "--no-scatter-gather-tensors-in-pipeline), or every rank sends it whole; default: what training.kernels "
         "did (Megatron-LM, Megatron-DeepSpeed: on)",
     )
+    tp_comm_overlap: bool = Field(
+        False,
+        description="Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their "
+        "GEMMs (NeMo's and Megatron-Bridge's tp_comm_overlap): the all-gathers stream chunk by chunk beside "
+        "the GEMM that consumes them (ring exchange on copy engines), the forward reduce-scatters beside "
+        "the GEMM's later chunks (pipelined, 16 SMs), the backward's bulk overlaps on 16 SMs; needs "
+        "sequence_parallel and training.kernels transformer-engine; no effect with tensor = 1",
+    )
     dp_algorithm: Literal[DP_ALGORITHMS] = Field(  # type: ignore[valid-type]
         "auto",
         description="gradient all-reduce algorithm: auto (NCCL's tuner per collective and size), ring, tree "
@@ -110,6 +118,14 @@ class Parallel(_Strict):
                 show(self.overlap_param_gather),
                 f"only a sharded optimizer (ZeRO 1 or 2) gathers its updated parameters; zero is {self.zero}",
                 "set zero: 1 (Megatron's distributed optimizer) or drop overlap_param_gather",
+            )
+        if self.tp_comm_overlap and self.tensor > 1 and not self.sequence_parallel:
+            raise RuleError(
+                "tp_comm_overlap",
+                show(self.tp_comm_overlap),
+                "userbuffers overlap the all-gathers and reduce-scatters of sequence parallelism; without it "
+                "there are none to overlap (Megatron-Core refuses tp_comm_overlap without sequence_parallel)",
+                "set sequence_parallel: true, or tp_comm_overlap: false",
             )
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise RuleError(

@@ -326,6 +326,21 @@ def _reliability(sc: Scenario) -> None:
                         "set training.tokens (transformers) or training.train_steps")
 
 
+def _tp_comm_overlap(sc: Scenario) -> None:
+    p, t = sc.parallel, sc.training
+    if p is None or not p.tp_comm_overlap:
+        return
+    if getattr(sc.model, "experts", None):
+        raise RuleError("parallel.tp_comm_overlap", show(p.tp_comm_overlap),
+                        "userbuffers overlap is modelled for dense layers, not mixture-of-experts ones",
+                        "set tp_comm_overlap: false")
+    if t is None or t.kernels == "transformer-engine":
+        return
+    raise RuleError("parallel.tp_comm_overlap", show(p.tp_comm_overlap),
+                    f"userbuffers are Transformer Engine's; training.kernels {t.kernels} has no TP overlap",
+                    "set training.kernels: transformer-engine, or tp_comm_overlap: false")
+
+
 def _compression(sc: Scenario) -> None:
     p, t = sc.parallel, sc.training
     if p is None or t is None or t.gradient_compression is None or p.zero < 2:
@@ -337,4 +352,4 @@ def _compression(sc: Scenario) -> None:
 
 
 SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens,
-                  _collective, _symmetry, _compression, _reliability)
+                  _collective, _symmetry, _compression, _tp_comm_overlap, _reliability)

@@ -83,7 +83,7 @@ def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_
         else:
             name = seg.comm or f"seg{i}"
         out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops),
-                         overlap=seg.overlap))
+                         overlap=seg.overlap, ctas=seg.ctas))
     return tuple(out)
 
 
@@ -216,7 +216,8 @@ def tp_backward_overlap(ks: KernelSet, tp: int, schedule: str) -> bool:
 
 def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
                     attention: str, ks: KernelSet, schedule: str, flash_attention: str, gbytes: int,
-                    ebytes: int, norm_kernel: str = "auto", fp8_recipe: str = "delayed") -> LayerOps:
+                    ebytes: int, norm_kernel: str = "auto", fp8_recipe: str = "delayed",
+                    tp_comm_overlap: bool = False) -> LayerOps:
     """One dense transformer layer's ops as the kernel set runs them: its attention kernels, its backward
     collectives blocking or beside the weight-gradient GEMMs (which then sit in the backward, priced as
     ``weight_blocks`` prices them). The simulation (sim.build) and the plan screen both build layers here."""
@@ -227,7 +228,8 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
                    tp_backward_overlap=overlap, flash_kernel=flash_kernel(flash_attention, ks),
                    persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe,
                    bias_gelu_fusion=ks.bias_gelu_fusion, bias_dropout_fusion=ks.bias_dropout_fusion,
-                   fused_softmax=fused_softmax, softmax_in_fp32=ks.softmax_in_fp32)
+                   fused_softmax=fused_softmax, softmax_in_fp32=ks.softmax_in_fp32,
+                   tp_comm_overlap=tp_comm_overlap)
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo

@@ -41,6 +41,7 @@ from sim.workload.attention import (  # is_attention_core: re-exported for build
 )
 from sim.workload.ops import (
     DROPOUT,
+    GEMM,
     NORM,
     NORM_BWD,
     PERSISTENT_NORM,
@@ -143,6 +144,7 @@ class Segment:
     comm: str | None = None
     comm_bytes: float = 0.0
     overlap: bool = False
+    ctas: int | None = None  # SMs an overlapped collective's kernel holds; None: NCCL's (sim.hardware.nccl)
 
 
 @dataclass(frozen=True)
@@ -342,7 +344,7 @@ def layer_ops(
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
     flash_kernel: str = "", persistent_norm: bool = False, fp8_recipe: str = "delayed",
     bias_gelu_fusion: bool = True, bias_dropout_fusion: bool = True, fused_softmax: bool = True,
-    softmax_in_fp32: bool = True,
+    softmax_in_fp32: bool = True, tp_comm_overlap: bool = False,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -368,6 +370,8 @@ def layer_ops(
     FastLayerNorm, Transformer Engine's), which reaches more bandwidth than a framework's (``Op.family``).
     ``d.dropout`` = 0 drops the dropout kernels (PyTorch launches nothing for p = 0). ``fp8_recipe``: the
     scaling of fp8 GEMM inputs (see ``_with_fp8_casts``).
+
+    ``tp_comm_overlap`` (with SP, tp > 1): Transformer Engine's userbuffers overlap (``_userbuffers``).
 
     Megatron's fusions (``sim.workload.kernels.KernelSet``): ``bias_gelu_fusion`` False adds the MLP bias
     in its own kernel before the GeLU (``F.gelu(x + bias)``, megatron/model/transformer.py ParallelMLP);
@@ -465,7 +469,71 @@ def layer_ops(
         if sp:  # a split-backward schedule's W pass transposes the gathered inputs of qkv and the MLP's up
             backward_weight = tuple(op for w in backward_weight
                                     for op in ((_fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
+    if tp_comm_overlap and sp:
+        forward = _userbuffers(forward, t, forward=True)
+        backward_input = _userbuffers(backward_input, t, forward=False)
     return LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
+
+
+# Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py, initialize_ub,
+# get_default_config, TE 2.x): the all-gathers before a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
+# fc2_dgrad) run "ring_exchange" on copy engines (use_ce, num_sm 1) in tp splits; the forward
+# reduce-scatters after the row-parallel GEMMs (proj_fprop, fc2_fprop) run "pipeline": 4 GEMM splits, each
+# split's reduce-scatter on 16 SMs beside the next split (set_sm_margin: the GEMM keeps the other SMs);
+# the backward's bulk overlaps (qkv/fc1 dgrad and wgrad) on 16 SMs.
+UB_RING_CTAS = 1
+UB_PIPELINE_CTAS = 16
+UB_PIPELINE_SPLITS = 4
+UB_BULK_CTAS = 16
+
+
+def _splits(op: Op, n: int) -> tuple[Op, ...]:
+    """GEMM ``op`` (m rows) as ``n`` GEMMs of m/n rows, as userbuffers' split GEMMs run it: each split
+    reads the whole weight again and gets the shape efficiency of its own size."""
+    part = gemm(op.name, op.m // n, op.n, op.k, op.dtype, batch=op.batch)
+    return (part,) * n
+
+
+def _userbuffers(segments: tuple[Segment, ...], tp: int, forward: bool) -> tuple[Segment, ...]:
+    """A sequence-parallel layer's segments with TP communication overlapped as userbuffers overlap it.
+
+    - ring exchange: a blocking all-gather and the GEMM that consumes it (the next segment's first GEMM)
+      become that GEMM in ``tp`` splits: the first tp − 1 beside the gather (each split computes on the
+      chunk that has arrived while the next one moves), the last after it, so the segment takes
+      max((tp − 1)/tp · GEMM, gather) + GEMM/tp instead of gather + GEMM;
+    - pipeline (forward only): a row-parallel GEMM and its blocking reduce-scatter become 4 splits, the
+      first alone, the other 3 beside the reduce-scatter of 3/4 of the output, then the last quarter's
+      reduce-scatter: GEMM/4 + max(3/4 · GEMM, 3/4 · RS) + RS/4;
+    - bulk: the backward's overlapped collectives (``_overlapped_backward``) hold userbuffers' 16 SMs
+      instead of NCCL's CTAs."""
+    out: list[Segment] = []
+    i = 0
+    while i < len(segments):
+        seg = segments[i]
+        nxt = segments[i + 1] if i + 1 < len(segments) else None
+        first = next((j for j, op in enumerate(nxt.ops) if op.kind == GEMM), None) if nxt is not None else None
+        if seg.comm == ALL_GATHER and not seg.overlap and nxt is not None and first is not None \
+                and nxt.ops[first].m % tp == 0:
+            parts = _splits(nxt.ops[first], tp)
+            rest = nxt.ops[:first] + nxt.ops[first + 1:]  # casts of later GEMMs' inputs, the transposes
+            if seg.ops:
+                out.append(replace(seg, comm=None, comm_bytes=0.0))
+            out.append(Segment(parts[:-1], ALL_GATHER, seg.comm_bytes, overlap=True, ctas=UB_RING_CTAS))
+            seg, i = replace(nxt, ops=(parts[-1], *rest)), i + 1  # it may end in a reduce-scatter too
+        n = UB_PIPELINE_SPLITS
+        if (forward and seg.comm == REDUCE_SCATTER and not seg.overlap and seg.ops
+                and seg.ops[-1].kind == GEMM and seg.ops[-1].m % n == 0):
+            parts = _splits(seg.ops[-1], n)
+            out.append(replace(seg, ops=(*seg.ops[:-1], parts[0]), comm=None, comm_bytes=0.0))
+            out.append(Segment(parts[1:], REDUCE_SCATTER, seg.comm_bytes * (n - 1) / n, overlap=True,
+                               ctas=UB_PIPELINE_CTAS))
+            out.append(Segment((), REDUCE_SCATTER, seg.comm_bytes / n))
+        elif seg.overlap and seg.comm and seg.ctas is None:
+            out.append(replace(seg, ctas=UB_BULK_CTAS))
+        else:
+            out.append(seg)
+        i += 1
+    return tuple(out)
 
 
 def _overlapped_backward(sp: bool, comm_bytes: float, grad_row: str | None, *, mlp: tuple[Op, ...], up: Op,
@@ -502,7 +570,7 @@ _GATHERED_WGRADS = frozenset({"qkv.wgrad", "mlp_up.wgrad", "mlp_gate_up.wgrad"})
 
 def _fp8_gemm_input(op: Op) -> bool:
     """An fp8 GEMM whose m×k input is cast here (weight gradients reuse casts made for the other GEMMs)."""
-    return op.kind == "gemm" and op.dtype == "fp8" and not op.name.endswith(".wgrad")
+    return op.kind == GEMM and op.dtype == "fp8" and not op.name.endswith(".wgrad")
 
 
 def _fp8_transpose(op: Op) -> Op:

@@ -4,6 +4,7 @@ flash vs standard attention, compute/communication interference, and the work of
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -583,6 +584,38 @@ def test_transformer_engine_attention_is_the_kernel_te_selects() -> None:
     fwd_te, _ = _attention_pair(a100, GPT3, flash_kernel="te")
     fwd_own, _ = _attention_pair(a100, GPT3)
     assert a100.op_time_s(fwd_te) == a100.op_time_s(fwd_own)
+
+
+def test_te_2024_attention_is_cudnn_9_1s_published_figure() -> None:
+    """training.flash_attention te-2024: cuDNN 9.1's H200 figures of May 2024 (cudnn-frontend
+    benchmark_results.csv, causal, head_dim 128): s = 8k forward 572.9, backward 463.5 TFLOP/s, both below
+    the 2026 cuDNN 9.19 figures of `latest` under TE (644 / 541). Below its shortest length (4k: 542.3)
+    the rate falls as s/(s + 1162): at 2k, 542.3 · (2048/3210) / (4096/5258) = 444.1 TFLOP/s, under
+    9.19's 484. The A100 profile has no such figures: one clear line naming the field."""
+    from sim.errors import ScenarioError
+    from sim.training import step_work as sw
+    from sim.workload.kernels import KERNEL_SETS
+
+    te = KERNEL_SETS["transformer-engine"]
+    assert sw.flash_kernel("te-2024", te) == "te-2024"
+    h100 = RooflineCostModel(GPU_PRESETS["H100-SXM"])
+    launch = GPU_PRESETS["H100-SXM"].kernel_launch_s
+    dims = tf.TransformerDims(layers=2, hidden=8192, heads=64, ffn_hidden=28672, vocab=128256, seq_len=8192)
+    fwd, bwd = _attention_pair(h100, dims, flash_kernel="te-2024")
+    assert h100.op_time_s(fwd) == pytest.approx(fwd.flops / 2 / 572.9e12 + launch, rel=1e-9)
+    assert h100.op_time_s(bwd) == pytest.approx(bwd.flops * 1.25 / 2 / 463.5e12 + launch, rel=1e-9)
+    latest_fwd, latest_bwd = _attention_pair(h100, dims, flash_kernel="te")
+    assert h100.op_time_s(fwd) > h100.op_time_s(latest_fwd) and h100.op_time_s(bwd) > h100.op_time_s(latest_bwd)
+    short = replace(dims, seq_len=2048)
+    fwd2, _ = _attention_pair(h100, short, flash_kernel="te-2024")
+    rate = 542.3e12 * (2048 / (2048 + 1162)) / (4096 / (4096 + 1162))
+    assert rate == pytest.approx(444.1e12, rel=1e-3)
+    assert h100.op_time_s(fwd2) == pytest.approx(fwd2.flops / 2 / rate + launch, rel=1e-9)
+    a100 = RooflineCostModel(A100)
+    fwd_a, _ = _attention_pair(a100, GPT3, flash_kernel="te-2024")
+    with pytest.raises(ScenarioError) as err:
+        a100.op_time_s(fwd_a)
+    assert err.value.field == "training.flash_attention" and "te-2024" in str(err.value)
 
 
 def test_attention_curves_refuse_inconsistent_tables() -> None:

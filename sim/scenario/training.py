@@ -127,11 +127,12 @@ class Training(_Strict):
         "and fused, e.g. megatron-lm-2021 (bmm attention, fp32 grad-accumulation pass) or "
         "transformer-engine (flash attention, fused kernels)",
     )
-    flash_attention: Literal["latest", "v2", "v1"] = Field(
+    flash_attention: Literal["latest", "te-2024", "v2", "v1"] = Field(
         "latest", description="the FlashAttention generation the stack ran (model.attention: flash): latest "
         "(the GPU reference profile's kernel: FlashAttention-2 on A100, -3 on H100/H200; under kernels "
-        "transformer-engine the kernel TE selects: cuDNN's fused attention on H100/H200), v2 "
-        "(FlashAttention-2) or v1 (FlashAttention of 2022 and its Triton port, e.g. llm-foundry's "
+        "transformer-engine the kernel TE selects: cuDNN's fused attention on H100/H200), te-2024 "
+        "(that cuDNN fused attention as of cuDNN 9.1, May 2024: Transformer Engine stacks of mid-2024 such as "
+        "NeMo 24.07), v2 (FlashAttention-2) or v1 (FlashAttention of 2022 and its Triton port, e.g. llm-foundry's "
         "attn_impl: triton in 2023), each priced from its published speed curves",
     )
     fusion: Fusion = Field(

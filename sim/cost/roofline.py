@@ -5,7 +5,8 @@
   ratio); GPUs without one use ``gemm_efficiency`` × peak as that ceiling. Never faster than moving the bytes.
 - ATTENTION (fused, flash-style): the FLOPs the kernel executes — half the score matrix when causal (the
   kernels skip masked blocks), 2.5× forward in backward (the score recomputation) — at the fraction of peak
-  public FlashAttention measurements reach for that head size and sequence length.
+  public FlashAttention measurements reach for that head size and sequence length, times the profile's
+  sustained clock ratio (those figures, like MAMF, are one GPU benchmarked alone).
 - ELEMENTWISE: bytes at the HBM bandwidth its kernel family reaches (``Op.family``: norms, softmax and
   dropout reach less than the streaming kernels; the reference profile's public figures); an op that
   moves no bytes and does no arithmetic launches nothing.
@@ -103,7 +104,10 @@ class RooflineCostModel:
                     f"{op.kernel!r} — the {self.gpu.name} reference profile has no public FlashAttention "
                     f"{op.kernel} figures (it has: {have}); use latest, or calibrate this GPU",
                     "training.flash_attention")
-            fraction = fit.fraction(seq, head_dim, op.backward, self._peak_16bit())
+            # The published attention figures are a GPU benchmarked alone (burst clocks), like MAMF; in a
+            # training job every GPU of the node is power-saturated and holds the sustained clock, which
+            # compute-bound attention kernels feel as GEMMs do.
+            fraction = fit.fraction(seq, head_dim, op.backward, self._peak_16bit()) * self.reference.sustained_clock_ratio
         else:
             fraction = self.gpu.attention_efficiency
         return self._peak(op.dtype) * fraction

@@ -130,6 +130,35 @@ def test_unfused_step_costs_exactly_the_added_kernels():
     assert eager.summary["step_time_s"] > fused.summary["step_time_s"]
 
 
+def test_cross_entropy_fusion_switch_runs_megatrons_unfused_loss_under_transformer_engine():
+    """training.fusion {cross_entropy: false} under kernels transformer-engine (NeMo configs that do not
+    set cross_entropy_loss_fusion): GPU 0's compute stream gains exactly the priced difference between
+    the unfused and the fused loss kernels of its 2 micro-batches; fusion false turns it off too."""
+    from sim.training.step_work import blocks, kernel_set
+    from sim.workload.transformer import head_ops
+
+    fused = simulate(scenario_from_dict(_gpt(kernels="transformer-engine")))
+    sc = scenario_from_dict(_gpt(kernels="transformer-engine", fusion={"cross_entropy": False}))
+    assert not kernel_set(sc).fused_cross_entropy and kernel_set(sc).bias_gelu_fusion
+    assert not kernel_set(scenario_from_dict(_gpt(kernels="transformer-engine", fusion=False))).fused_cross_entropy
+    eager = simulate(sc)
+    cost = RooflineCostModel(GPU_PRESETS["A100-80GB"])
+    d = TransformerDims(layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=8192, seq_len=1024)
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, dtype="bf16", persistent_norm=True)
+
+    host_s = KERNEL_SETS["transformer-engine"].host_dispatch_us * 1e-6  # TE's eager dispatch bound
+
+    def priced(lo) -> float:  # as the builder prices them: each kernel at least one host dispatch
+        return sum(b.dur_s for b in blocks(cost, (*lo.forward, *lo.backward_input), host_s=host_s))
+
+    def compute_s(res) -> float:
+        return sum(x.dur_s for x in res.timeline.spans if x.gpu == 0 and x.stream == "compute")
+
+    expected = 2 * (priced(head_ops(d, **kw, fused_ce=False)) - priced(head_ops(d, **kw)))
+    assert expected > 0
+    assert compute_s(eager) - compute_s(fused) == pytest.approx(expected, rel=1e-6)
+
+
 def test_long_sequence_falls_back_to_torch_softmax_and_keeps_fp32_probabilities():
     """Megatron-LM 2021's fused softmax stops at s = 2048: at 4096 the torch path runs (and its backward
     keeps the fp32 output, 2 more bytes per score element); Megatron-LM 2022's kernel goes to 4096."""
@@ -166,9 +195,11 @@ def test_scatter_gather_off_sends_the_whole_activation_per_tp_rank():
 
 def test_fusion_shorthand_partial_mapping_and_bad_keys():
     sc = scenario_from_dict(_gpt(fusion=False))
-    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": False, "masked_softmax": False}
+    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": False, "masked_softmax": False,
+                                               "cross_entropy": False}
     sc = scenario_from_dict(_gpt(fusion={"bias_gelu": False}))
-    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": True, "masked_softmax": True}
+    assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": True, "masked_softmax": True,
+                                               "cross_entropy": False}  # megatron-lm-2021: the unfused loss
     sc = scenario_from_dict(_gpt(kernels="pytorch-fsdp-2023"))
     assert sc.training.fusion.masked_softmax is False  # eager torch has no fused softmax
     assert sc.parallel.scatter_gather is False

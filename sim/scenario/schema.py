@@ -274,7 +274,7 @@ def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
     fusion = training.get("fusion") if isinstance(training, dict) else None
     if isinstance(training, dict) and (fusion is None or isinstance(fusion, dict)):
         own = {"bias_gelu": ks.bias_gelu_fusion, "bias_dropout_add": ks.bias_dropout_fusion,
-               "masked_softmax": ks.masked_softmax_fusion}
+               "masked_softmax": ks.masked_softmax_fusion, "cross_entropy": ks.fused_cross_entropy}
         given = {k: v for k, v in (fusion or {}).items() if v is not None}
         data = {**data, "training": {**training, "fusion": {**own, **given}}}
     return data

@@ -87,8 +87,9 @@ def checkpointing_from(value: Any) -> Any:
 
 
 class Fusion(_Strict):
-    """Megatron's elementwise fusions, each on or off as its flag sets it (--no-bias-gelu-fusion,
-    --no-bias-dropout-fusion, --no-masked-softmax-fusion); unset: what training.kernels ran."""
+    """Megatron's fusions, each on or off as its flag sets it (--no-bias-gelu-fusion,
+    --no-bias-dropout-fusion, --no-masked-softmax-fusion, --cross-entropy-loss-fusion); unset: what
+    training.kernels ran."""
 
     bias_gelu: bool = Field(True, description="the MLP bias added inside the GeLU kernel (else its own kernel)")
     bias_dropout_add: bool = Field(
@@ -97,6 +98,11 @@ class Fusion(_Strict):
     masked_softmax: bool = Field(
         True, description="standard attention: the fused scale-mask-softmax kernel, where the scores' shape "
         "allows it (else torch's path: fp32 cast, scale, mask, softmax, cast back)"
+    )
+    cross_entropy: bool = Field(
+        True, description="the loss as Megatron-Core's fused vocab-parallel cross-entropy (cross_entropy_loss_fusion, "
+        "off by default in Megatron-Core and in NeMo configs that do not set it; else the fp32 cast of the logits "
+        "and five passes over them)"
     )
 
 
@@ -136,7 +142,7 @@ class Training(_Strict):
         "attn_impl: triton in 2023), each priced from its published speed curves",
     )
     fusion: Fusion = Field(
-        Fusion(), description="true | false | {bias_gelu, bias_dropout_add, masked_softmax}: Megatron's fusions, "
+        Fusion(), description="true | false | {bias_gelu, bias_dropout_add, masked_softmax, cross_entropy}: Megatron's fusions, "
         "each true or false (false alone: all off); unset keys: what training.kernels ran",
     )
     norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]

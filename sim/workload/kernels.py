@@ -215,7 +215,7 @@ def megatron_bucket_params(data_parallel: int) -> int:
     (``disable_bucketing``) on model chunks after the first: those reduce each chunk's gradients whole."""
     return max(40_000_000, 1_000_000 * data_parallel)
 DEFAULT_KERNEL_SET = "transformer-engine"
-FUSIONS = ("bias_gelu", "bias_dropout_add", "masked_softmax")  # training.fusion's keys
+FUSIONS = ("bias_gelu", "bias_dropout_add", "masked_softmax", "cross_entropy")  # training.fusion's keys
 
 
 def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
@@ -223,7 +223,7 @@ def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
     """The kernel set as the scenario ran it: ``training.fusion``'s switches (None keeps the set's own)
     and ``parallel.scatter_gather``."""
     fields = {"bias_gelu": "bias_gelu_fusion", "bias_dropout_add": "bias_dropout_fusion",
-              "masked_softmax": "masked_softmax_fusion"}
+              "masked_softmax": "masked_softmax_fusion", "cross_entropy": "fused_cross_entropy"}
     changes: dict[str, Any] = {fields[k]: v for k, v in (fusion or {}).items() if v is not None}
     if scatter_gather is not None:
         changes["scatter_gather_p2p"] = scatter_gather

@@ -309,3 +309,19 @@ def test_invalid_dims_and_parallelism_raise_scenario_error():
         layer_ops(GPT, micro_batch=1, tp=2, sequence_parallel=False, dtype="int4")
     with pytest.raises(ScenarioError):
         hardware_flops_per_iteration(GPT, 1, "sometimes")
+
+
+def test_squared_relu_mlp_is_two_gemms_and_one_compiled_kernel_each_way():
+    """Nemotron's relu(x)²: the same two GEMMs as GeLU's MLP and, compiled by jit_fuser, one activation
+    kernel each way: b·s·ffn/t elements in and out forward (2 tensors × 2 bytes), dy and x in, dx out
+    backward (3 × 2)."""
+    from dataclasses import replace
+
+    t, b = 2, 2
+    sq = _by_name(layer_ops(replace(GPT, mlp="squared_relu", bias=False), micro_batch=b, tp=t,
+                            sequence_parallel=True, dtype="bf16"))
+    ge = _by_name(layer_ops(replace(GPT, bias=False), micro_batch=b, tp=t, sequence_parallel=True, dtype="bf16"))
+    elems = b * GPT.seq_len * GPT.ffn_hidden // t
+    assert sq["mlp_squared_relu"].bytes == 2 * elems * 2 and sq["mlp_squared_relu.bwd"].bytes == 3 * elems * 2
+    for name in ("mlp_up", "mlp_down", "mlp_up.dgrad", "mlp_down.dgrad"):
+        assert (sq[name].m, sq[name].n, sq[name].k) == (ge[name].m, ge[name].n, ge[name].k)

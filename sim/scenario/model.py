@@ -215,7 +215,9 @@ class TransformerModel(_Strict):
     vocab: int = Field(ge=1, description="vocabulary size")
     seq_len: int = Field(ge=1, description="sequence length, tokens")
     kv_heads: int = Field(ge=1, description="key/value heads (grouped-query attention); default = heads")
-    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type (swiglu has three weight matrices)")
+    mlp: Literal["gelu", "swiglu", "squared_relu"] = Field(
+        "gelu", description="MLP type: gelu, swiglu (three weight matrices) or squared_relu (Nemotron's relu(x)², "
+        "two matrices, one compiled activation kernel each way)")
     bias: bool = Field(True, description="linear layers have biases (GPT-3: yes; Llama: no)")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation layer")
     position: Literal["learned", "rope", "alibi"] = Field(

@@ -51,7 +51,7 @@ from sim.workload.ops import (
     gemm,
 )
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "squared_relu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope", "alibi")
 CHECKPOINTING_KINDS = ("none", "selective", "full")
@@ -75,7 +75,7 @@ class TransformerDims:
     """Shape of a decoder-only transformer.
 
     kv_heads: None means multi-head attention (kv_heads = heads); fewer gives GQA/MQA.
-    mlp: "gelu" (two h×ffn matrices) or "swiglu" (three). bias/norm/position/tied_embeddings describe
+    mlp: "gelu" or "squared_relu" (two h×ffn matrices) or "swiglu" (three). bias/norm/position/tied_embeddings describe
     the parameter layout (GPT-3: biases, LayerNorm, learned positions, tied; Llama: none, RMSNorm, RoPE, untied).
     """
 
@@ -309,9 +309,18 @@ def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str, dropout: bool =
     return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h, family=DROPOUT)
 
 
+# Tensors of ``width`` elements per token an activation's kernels read and write, forward and backward.
+# swiglu: gate and up in, out (backward: dy, gate, up in; dgate, dup out); gelu: in, out (dy, x in; dx out).
+# squared_relu (Nemotron): ``torch.pow(F.relu(x), 2)`` under ``jit_fuser`` (torch.compile, else TorchScript:
+# NeMo's nemo/collections/nlp/modules/common/megatron/utils.py and Megatron-LM's
+# megatron/training/activations.py, 2024), so one fused kernel each way moving what GeLU's does.
+_ACT_FWD_TENSORS = {"gelu": 2, "swiglu": 3, "squared_relu": 2}
+_ACT_BWD_TENSORS = {"gelu": 3, "swiglu": 5, "squared_relu": 3}
+
+
 def _activation_fwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
     e = DTYPE_BYTES[dtype]
-    tensors = 3 if kind == "swiglu" else 2  # swiglu: gate, up in, out; gelu: in, out
+    tensors = _ACT_FWD_TENSORS[kind]
     return elementwise(
         f"mlp_{kind}", tensors * tokens * width * e, dtype, flops=_ACT_FWD_FLOPS_PER_ELEM * tokens * width
     )
@@ -319,7 +328,7 @@ def _activation_fwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
 
 def _activation_bwd(kind: str, tokens: int, width: int, dtype: str) -> Op:
     e = DTYPE_BYTES[dtype]
-    tensors = 5 if kind == "swiglu" else 3  # swiglu: dy, gate, up in; dgate, dup out
+    tensors = _ACT_BWD_TENSORS[kind]
     return elementwise(
         f"mlp_{kind}.bwd", tensors * tokens * width * e, dtype, flops=_ACT_BWD_FLOPS_PER_ELEM * tokens * width
     )

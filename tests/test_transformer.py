@@ -325,3 +325,19 @@ def test_squared_relu_mlp_is_two_gemms_and_one_compiled_kernel_each_way():
     assert sq["mlp_squared_relu"].bytes == 2 * elems * 2 and sq["mlp_squared_relu.bwd"].bytes == 3 * elems * 2
     for name in ("mlp_up", "mlp_down", "mlp_up.dgrad", "mlp_down.dgrad"):
         assert (sq[name].m, sq[name].n, sq[name].k) == (ge[name].m, ge[name].n, ge[name].k)
+
+
+def test_fp8_leaves_the_output_layer_in_bf16():
+    """Megatron-Core's output layer is a plain ColumnParallelLinear, outside Transformer Engine's
+    fp8_autocast: under precision fp8 its logits GEMM and their gradients run in bf16 (the storage
+    dtype) with the same shapes, while the layers' GEMMs run in fp8."""
+    from sim.workload.transformer import head_ops
+
+    kw = dict(micro_batch=2, tp=2, sequence_parallel=True)
+    h8 = _by_name(head_ops(GPT, **kw, dtype="fp8"))
+    h16 = _by_name(head_ops(GPT, **kw, dtype="bf16"))
+    for name in ("logits", "logits.dgrad", "logits.wgrad"):
+        assert h8[name].dtype == "bf16" and (h8[name].m, h8[name].n, h8[name].k) == (
+            h16[name].m, h16[name].n, h16[name].k)
+    layer = _by_name(layer_ops(GPT, **kw, dtype="fp8"))
+    assert layer["qkv"].dtype == "fp8" and layer["mlp_down.dgrad"].dtype == "fp8"

@@ -719,7 +719,9 @@ def head_ops(
     _, before_col = _collectives(t, sp)
 
     norm = _norm_fwd("final_norm", local, h, act, persistent_norm)
-    logits = gemm("logits", tokens, v_t, h, dtype)
+    # Megatron-Core's output layer is its own ColumnParallelLinear, not a Transformer Engine module
+    # (megatron/core/models/gpt/gpt_model.py), so fp8_autocast leaves it in the 16-bit dtype.
+    logits = gemm("logits", tokens, v_t, h, act)
     ce_max = elementwise("ce_max", tokens * v_t * e + tokens * _FP32_BYTES, act, flops=float(tokens * v_t))
     ce_target = elementwise("ce_target", tokens * (_TOKEN_ID_BYTES + e + _FP32_BYTES), act)
     # Subtract max, exponentiate, sum; keep fp32 softmax for backward.

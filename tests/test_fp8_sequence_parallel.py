@@ -2,8 +2,9 @@
 
 Hand counts for one Llama-shaped layer (h 4096, FFN 14336, 8 KV heads, 4096 tokens) on TP 4: every
 all-gather moves tokens·h bytes where bf16 moves 2·tokens·h, the reduce-scatters stay bf16, each gathered
-input is cast on this rank's shard before the gather (2 + 1 bytes per shard element) and transposed
-(1 + 1 bytes per gathered element) where its weight gradient needs it.
+input is quantized on this rank's shard before the gather (by its norm under delayed scaling, 1 byte
+written instead of 2; else a cast of 2 + 1 bytes per shard element) and transposed (1 + 1 bytes per
+gathered element) where its weight gradient needs it.
 """
 
 from __future__ import annotations
@@ -48,12 +49,21 @@ def test_all_gathers_move_fp8_bytes_and_reduce_scatters_bf16(overlap: bool) -> N
 
 
 def test_gathered_inputs_are_cast_on_the_shard_before_the_gather() -> None:
-    lo = _ops()
-    for segs in (lo.forward, lo.backward_input):
+    """Delayed scaling: the forward's gathered inputs come from norms, which write the fp8 shard
+    themselves (1 byte per element where bf16 writes 2); the backward's gathered output gradients are
+    cast on the shard (2 + 1 bytes)."""
+    lo, bf = _ops(), _ops(dtype="bf16")
+    for segs, ref in ((lo.forward, bf.forward), (lo.backward_input, bf.backward_input)):
         blocking = [i for i, s in enumerate(segs) if s.comm == tf.ALL_GATHER and not s.overlap]
         for i in blocking:
             last = segs[i].ops[-1]
-            assert last.name == "fp8 cast (shard)" and last.bytes == SHARD * (2 + 1)
+            if last.name.startswith("norm"):
+                ref_norm = next(op for s in ref for op in s.ops if op.name == last.name)
+                assert last.bytes == ref_norm.bytes - SHARD * (2 - 1)
+            else:
+                assert last.name == "fp8 cast (shard)" and last.bytes == SHARD * (2 + 1)
+    assert not _named(lo.forward, "fp8 cast (shard)") and len(_named(lo.backward_input, "fp8 cast (shard)")) == 2
+    assert len(_named(_ops(recipe="current").forward, "fp8 cast (shard)")) == 2  # current: no fused norm
     # Forward: QKV's and the MLP's inputs arrive gathered, so their segments cast only the local inputs:
     # the output projection's (tokens × h/t) and the MLP down projection's (tokens × FFN/t).
     casts = _named(lo.forward, "fp8 cast_transpose")
@@ -98,7 +108,11 @@ def test_current_scaling_reduces_the_shard_amax_over_tp_before_the_cast() -> Non
 
 
 def test_without_sequence_parallelism_fp8_casts_are_unchanged() -> None:
-    lo = _ops(sp=False)
+    """Without SP nothing is gathered: current scaling casts every input in the segment (QKV's tokens × h
+    and the output projection's tokens × h/t, 4 bytes each); delayed scaling fuses QKV's into its norm."""
+    lo = _ops(sp=False, recipe="current")
     assert not _named(lo.forward, "fp8 cast (shard)") and not _named(lo.backward_input, "fp8 transpose")
-    first = lo.forward[0].ops[0]
+    first = lo.forward[0].ops[1]
     assert first.name == "fp8 cast_transpose" and first.bytes == TOKENS * (H + H // TP) * 4
+    delayed = _ops(sp=False).forward[0].ops[0]
+    assert delayed.name == "fp8 cast_transpose" and delayed.bytes == TOKENS * (H // TP) * 4

@@ -582,6 +582,20 @@ def _fp8_gemm_input(op: Op) -> bool:
     return op.kind == GEMM and op.dtype == "fp8" and not op.name.endswith(".wgrad")
 
 
+def _is_norm(op: Op) -> bool:
+    """A forward LayerNorm/RMSNorm kernel (the op a fused norm-and-quantize replaces)."""
+    return op.family in (NORM, PERSISTENT_NORM)
+
+
+def _writing_fp8(norm: Op, elems: int) -> Op:
+    """``norm`` writing its ``elems`` outputs in fp8 (1 byte) instead of the 16-bit dtype: Transformer
+    Engine's fused norm-and-quantize under delayed scaling, whose scale is known before the kernel runs
+    (TE 1.8 ``_LayerNormLinear``: ``ln_out`` uint8 from ``_apply_normalization(..., fp8_out)``; TE 2.x
+    ``with_quantized_norm``). Current scaling needs the output's amax first, so it stays unfused."""
+    saved = elems * (DTYPE_BYTES[norm.dtype] - DTYPE_BYTES["fp8"])
+    return replace(norm, bytes=norm.bytes - saved)
+
+
 def _fp8_transpose(op: Op) -> Op:
     """The column-wise (transposed) fp8 copy of a gathered input, made where its weight gradient (or,
     for a gathered gradient, its input-gradient GEMM) first needs it: of ``op``'s k×m operand."""
@@ -608,7 +622,12 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
     transposed copy: "all-gather is not supported with FP8 column-wise data"), and the transposed copy
     (read 1, write 1 per gathered element) is made where the weight gradient needs it. Under current
     scaling the shard's amax is max-reduced over the TP group first (``with_amax_reduction``: a blocking
-    all-reduce of one float), so every rank scales the gathered tensor alike."""
+    all-reduce of one float), so every rank scales the gathered tensor alike.
+
+    Under delayed scaling a GEMM input that a norm produces (QKV's, the MLP's first linear's) is quantized
+    by the norm kernel itself (``_writing_fp8``): no cast runs, the norm writes 1 byte per element, and the
+    column-wise copy the weight gradient needs is a transpose (read 1, write 1) of the fp8 output; with
+    sequence parallelism the norm writes the fp8 shard that is gathered."""
     if recipe not in FP8_RECIPES:
         raise ScenarioError(f"{recipe!r} is not one of {', '.join(FP8_RECIPES)}", field="training.fp8_recipe")
     current = recipe == "current"
@@ -617,6 +636,7 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
     for seg in segments:
         ops = list(seg.ops)
         pre: list[Op] = []
+        pre_gemm: dict[int, Op] = {}  # ops to run just before the op at that index
         first = next((i for i, op in enumerate(ops) if _fp8_gemm_input(op)), None) if gathered_into_next else None
         if first is not None:  # this GEMM's input arrived through the fp8 all-gather that ends ``before``
             g = ops[first]
@@ -627,17 +647,27 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
                 amax = elementwise("fp8 amax (shard)", shard * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(shard))
                 out.append(replace(before, ops=(*before.ops, amax), comm=ALL_REDUCE, comm_bytes=_AMAX_BYTES))
                 out.append(replace(before, ops=(quantize,)))
+            elif before.ops and _is_norm(before.ops[-1]):  # the norm writes the fp8 shard itself
+                out.append(replace(before, ops=(*before.ops[:-1], _writing_fp8(before.ops[-1], shard))))
             else:
                 out.append(replace(before, ops=(*before.ops, quantize)))
             if g.name.endswith(".dgrad"):  # a gathered gradient: transposed at once for the weight gradient
                 pre.append(_fp8_transpose(g))
         skip = {first}
+        if not current:  # delayed scaling: a norm right before its GEMM quantizes its own output
+            for i, op in enumerate(ops):
+                if i not in skip and i > 0 and _fp8_gemm_input(op) and _is_norm(ops[i - 1]):
+                    n = op.m * op.k * op.batch
+                    ops[i - 1] = _writing_fp8(ops[i - 1], n)
+                    pre_gemm[i] = _fp8_transpose(op)  # the column-wise copy the weight gradient reads
+                    skip.add(i)
         elems = sum(op.m * op.k * op.batch for i, op in enumerate(ops) if _fp8_gemm_input(op) and i not in skip)
         if elems:
             cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
             amax_ops = (elementwise("fp8 amax", elems * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(elems)),
                         ) if current else ()
             pre = [*amax_ops, cast, *pre]
+        ops = [op2 for i, op in enumerate(ops) for op2 in ((pre_gemm[i], op) if i in pre_gemm else (op,))]
         if sp_tp > 1:
             ops = [op2 for op in ops for op2 in ((_fp8_transpose(op), op) if op.name in _GATHERED_WGRADS else (op,))]
         if seg.comm == ALL_GATHER and sp_tp > 1:

@@ -341,3 +341,21 @@ def test_fp8_leaves_the_output_layer_in_bf16():
             h16[name].m, h16[name].n, h16[name].k)
     layer = _by_name(layer_ops(GPT, **kw, dtype="fp8"))
     assert layer["qkv"].dtype == "fp8" and layer["mlp_down.dgrad"].dtype == "fp8"
+
+
+def test_rotary_positions_run_one_fused_rope_kernel_each_way():
+    """position rope: a fused kernel rotates Q and K in place after the QKV GEMM, reading and writing
+    b·s·(h + kv_dim)/t elements (2 bytes each, in and out), and its backward before QKV's input
+    gradient; learned positions run none."""
+    from dataclasses import replace
+
+    t, b = 2, 2
+    llama = replace(GPT, kv_heads=4, mlp="swiglu", bias=False, norm="rmsnorm", position="rope")
+    lo = layer_ops(llama, micro_batch=b, tp=t, sequence_parallel=True, dtype="bf16")
+    ops = _by_name(lo)
+    n = b * GPT.seq_len * (GPT.hidden + llama.kv_dim) // t
+    assert ops["rope"].bytes == 2 * n * 2 and ops["rope.bwd"].bytes == 2 * n * 2
+    fwd = [op.name for s in lo.forward for op in s.ops]
+    bwd = [op.name for s in lo.backward_input for op in s.ops]
+    assert fwd[fwd.index("qkv") + 1] == "rope" and bwd[bwd.index("qkv.dgrad") - 1] == "rope.bwd"
+    assert "rope" not in _by_name(layer_ops(GPT, micro_batch=b, tp=t, sequence_parallel=True, dtype="bf16"))

@@ -417,6 +417,11 @@ def layer_ops(
     else:
         core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop, fused_softmax,
                                           softmax_in_fp32)
+    if d.position == "rope":  # rotary positions: one fused kernel rotates Q and K in place, read + write
+        # (Transformer Engine's / Apex's fused RoPE, Megatron-Core's apply_rope_fusion), and its backward
+        rotated = tokens * (h + d.kv_dim) // t
+        core = (elementwise("rope", 2 * rotated * DTYPE_BYTES[act], act, flops=3.0 * rotated), *core)
+        core_b = (*core_b, elementwise("rope.bwd", 2 * rotated * DTYPE_BYTES[act], act, flops=3.0 * rotated))
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
     norm2 = _norm_fwd("norm2", local, h, act, pn)
     mlp_act: tuple[Op, ...] = (_activation_fwd(d.mlp, tokens, ffn_t, act),)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.errors import ScenarioError
@@ -315,8 +317,6 @@ def test_squared_relu_mlp_is_two_gemms_and_one_compiled_kernel_each_way():
     """Nemotron's relu(x)²: the same two GEMMs as GeLU's MLP and, compiled by jit_fuser, one activation
     kernel each way: b·s·ffn/t elements in and out forward (2 tensors × 2 bytes), dy and x in, dx out
     backward (3 × 2)."""
-    from dataclasses import replace
-
     t, b = 2, 2
     sq = _by_name(layer_ops(replace(GPT, mlp="squared_relu", bias=False), micro_batch=b, tp=t,
                             sequence_parallel=True, dtype="bf16"))
@@ -347,8 +347,6 @@ def test_rotary_positions_run_one_fused_rope_kernel_each_way():
     """position rope: a fused kernel rotates Q and K in place after the QKV GEMM, reading and writing
     b·s·(h + kv_dim)/t elements (2 bytes each, in and out), and its backward before QKV's input
     gradient; learned positions run none."""
-    from dataclasses import replace
-
     t, b = 2, 2
     llama = replace(GPT, kv_heads=4, mlp="swiglu", bias=False, norm="rmsnorm", position="rope")
     lo = layer_ops(llama, micro_batch=b, tp=t, sequence_parallel=True, dtype="bf16")

@@ -587,6 +587,11 @@ def _fp8_gemm_input(op: Op) -> bool:
     return op.kind == GEMM and op.dtype == "fp8" and not op.name.endswith(".wgrad")
 
 
+def _input_elems(op: Op) -> int:
+    """Elements of GEMM ``op``'s m×k input (the operand an fp8 cast or transpose handles)."""
+    return op.m * op.k * op.batch
+
+
 def _is_norm(op: Op) -> bool:
     """A forward LayerNorm/RMSNorm kernel (the op a fused norm-and-quantize replaces)."""
     return op.family in (NORM, PERSISTENT_NORM)
@@ -604,7 +609,7 @@ def _writing_fp8(norm: Op, elems: int) -> Op:
 def _fp8_transpose(op: Op) -> Op:
     """The column-wise (transposed) fp8 copy of a gathered input, made where its weight gradient (or,
     for a gathered gradient, its input-gradient GEMM) first needs it: of ``op``'s k×m operand."""
-    elems = op.m * op.k * op.batch
+    elems = _input_elems(op)
     return elementwise("fp8 transpose", elems * _FP8_TRANSPOSE_BYTES_PER_ELEM, "fp8", flops=0.0)
 
 
@@ -641,11 +646,10 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
     for seg in segments:
         ops = list(seg.ops)
         pre: list[Op] = []
-        pre_gemm: dict[int, Op] = {}  # ops to run just before the op at that index
         first = next((i for i, op in enumerate(ops) if _fp8_gemm_input(op)), None) if gathered_into_next else None
         if first is not None:  # this GEMM's input arrived through the fp8 all-gather that ends ``before``
             g = ops[first]
-            shard = g.m * g.k * g.batch // sp_tp
+            shard = _input_elems(g) // sp_tp
             before = out.pop()
             quantize = elementwise("fp8 cast (shard)", shard * _FP8_QUANTIZE_BYTES_PER_ELEM, "bf16", flops=float(shard))
             if current:
@@ -658,21 +662,20 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
                 out.append(replace(before, ops=(*before.ops, quantize)))
             if g.name.endswith(".dgrad"):  # a gathered gradient: transposed at once for the weight gradient
                 pre.append(_fp8_transpose(g))
-        skip = {first}
-        if not current:  # delayed scaling: a norm right before its GEMM quantizes its own output
-            for i, op in enumerate(ops):
-                if i not in skip and i > 0 and _fp8_gemm_input(op) and _is_norm(ops[i - 1]):
-                    n = op.m * op.k * op.batch
-                    ops[i - 1] = _writing_fp8(ops[i - 1], n)
-                    pre_gemm[i] = _fp8_transpose(op)  # the column-wise copy the weight gradient reads
-                    skip.add(i)
-        elems = sum(op.m * op.k * op.batch for i, op in enumerate(ops) if _fp8_gemm_input(op) and i not in skip)
+        # delayed scaling: a norm right before its GEMM quantizes its own output (GEMM indices)
+        by_norm = {i for i in range(1, len(ops)) if not current and i != first
+                   and _fp8_gemm_input(ops[i]) and _is_norm(ops[i - 1])}
+        for i in by_norm:
+            ops[i - 1] = _writing_fp8(ops[i - 1], _input_elems(ops[i]))
+        skip = {first, *by_norm}
+        elems = sum(_input_elems(op) for i, op in enumerate(ops) if _fp8_gemm_input(op) and i not in skip)
         if elems:
             cast = elementwise("fp8 cast_transpose", elems * _FP8_CAST_BYTES_PER_ELEM, "bf16", flops=float(elems))
             amax_ops = (elementwise("fp8 amax", elems * _FP8_AMAX_BYTES_PER_ELEM, "bf16", flops=float(elems)),
                         ) if current else ()
             pre = [*amax_ops, cast, *pre]
-        ops = [op2 for i, op in enumerate(ops) for op2 in ((pre_gemm[i], op) if i in pre_gemm else (op,))]
+        # the column-wise copy a norm-quantized input's weight gradient reads
+        ops = [op2 for i, op in enumerate(ops) for op2 in ((_fp8_transpose(op), op) if i in by_norm else (op,))]
         if sp_tp > 1:
             ops = [op2 for op in ops for op2 in ((_fp8_transpose(op), op) if op.name in _GATHERED_WGRADS else (op,))]
         if seg.comm == ALL_GATHER and sp_tp > 1:

@@ -222,7 +222,10 @@ def test_ctrl_c_turned_into_another_error_by_a_library_is_still_an_interrupt(tmp
 
 def test_an_interrupt_dropped_by_a_finaliser_still_stops_and_prints_no_traceback(tmp_path, capfd) -> None:
     """A SIGTERM whose KeyboardInterrupt fires inside __del__ (Python only reports it there) still aborts
-    the result, and the report shows no traceback."""
+    the result, the report shows no traceback, and the interrupt raised again still says SIGTERM, so the
+    command exits 143 as a SIGTERM should (it exited 130, as for Ctrl-C)."""
+    from sim.processes import interrupt_status
+
 
     class KillsOnCollect:
         def __del__(self) -> None:
@@ -231,10 +234,11 @@ def test_an_interrupt_dropped_by_a_finaliser_still_stops_and_prints_no_traceback
                 pass
 
     out = tmp_path / "r"
-    with pytest.raises(KeyboardInterrupt), ResultDir(out, "test") as staging:
+    with pytest.raises(KeyboardInterrupt) as caught, ResultDir(out, "test") as staging:
         (staging / "a.txt").write_text("new")
         obj = KillsOnCollect()
         del obj  # the interrupt is raised and dropped inside __del__; the body carries on
         (staging / "b.txt").write_text("new")
     assert "Traceback" not in capfd.readouterr().err
+    assert interrupt_status(caught.value) == 143
     assert not out.exists() and not list(tmp_path.glob(".r.tmp-*"))

@@ -148,7 +148,9 @@ class ResultDir:
         self._lock_fd: int | None = None
         self._lock_path = self.out.parent / f".{self.out.name}.lock"
         self._old_handlers: dict[int, object] = {}
-        self._signalled = False  # a SIGINT/SIGTERM arrived while this folder was being written
+        # The signal that arrived while this folder was being written ("SIGINT"/"SIGTERM"), or None: a
+        # KeyboardInterrupt raised again for it carries the name, so the exit status stays 130 or 143.
+        self._signal: str | None = None
         self._old_unraisablehook: Callable[[Any], object] | None = None
         self._check()
         self._lock()
@@ -251,20 +253,20 @@ class ResultDir:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is None and self._signalled:
+            if exc_type is None and self._signal:
                 # The KeyboardInterrupt fired inside a weakref callback or __del__ (a garbage collection),
                 # where Python only reports and drops it: the user still asked to stop.
                 self._abort(interrupted=True)
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt(self._signal)
             if exc_type is None:
                 self.commit()
             else:
-                interrupted = self._signalled or issubclass(exc_type, KeyboardInterrupt)
+                interrupted = bool(self._signal) or issubclass(exc_type, KeyboardInterrupt)
                 self._abort(interrupted=interrupted)
                 if interrupted and not issubclass(exc_type, KeyboardInterrupt):
                     # Ctrl-C landed in a library that turned it into another error (matplotlib can):
                     # it is still an interruption, not a dtsim bug.
-                    raise KeyboardInterrupt from exc
+                    raise KeyboardInterrupt(self._signal or "SIGINT") from exc
         finally:
             self._restore_signals()
             self._unlock()
@@ -318,13 +320,13 @@ class ResultDir:
     # ---- signals and lock --------------------------------------------------------------------------
     def _install_signals(self) -> None:
         def to_interrupt(signum, frame):  # SIGTERM unwinds like Ctrl-C, so cleanup runs
-            self._signalled = True  # remembered in case a library swallows the KeyboardInterrupt
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+            self._signal = signal.Signals(signum).name  # remembered in case a library swallows the interrupt
+            raise KeyboardInterrupt(self._signal)
 
         previous_hook = sys.unraisablehook
 
         def quiet(unraisable) -> None:  # our own dropped interrupt: no traceback (__exit__ acts on it)
-            if not (self._signalled and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            if not (self._signal and isinstance(unraisable.exc_value, KeyboardInterrupt)):
                 previous_hook(unraisable)
 
         try:

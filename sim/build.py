@@ -126,11 +126,11 @@ def _common(scenario: Scenario, chunks: list[ChunkWork], static: list[float], op
     return TrainingJob(
         dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
         microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
-        bucket_bytes=_bucket_bytes(scenario, sw.grad_elem_bytes(tr.precision)),
+        bucket_bytes=_bucket_bytes(scenario, sw.reduced_grad_bytes(scenario)),
         overlap_grad_sync=par.overlap_grad_sync, overlap_param_gather=par.overlap_param_gather,
         optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
-        decompress=decompress, grad_elem_bytes=sw.grad_elem_bytes(tr.precision), static_bytes=static,
+        decompress=decompress, grad_elem_bytes=sw.reduced_grad_bytes(scenario), static_bytes=static,
         steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
     )
 
@@ -143,13 +143,14 @@ def _memory_by_stage(scenario: Scenario, params_by_stage: list[float], act_by_st
     par, tr = scenario.require_training()
     out = []
     opt = "sgd" if tr.optimizer == "sgd" else "adam"
+    sb = sw.optimizer_state_bytes(tr.optimizer_state_dtype)
     for s, params in enumerate(params_by_stage):
         st = mem.model_state_bytes(params, zero_stage=par.zero, dp=par.data * par.cp, precision=tr.precision,
-                                   optimizer=opt, grad_bytes_per_param=grad_bytes_per_param)
+                                   optimizer=opt, grad_bytes_per_param=grad_bytes_per_param, state_bytes=sb)
         if expert_by_stage:
             ex = mem.model_state_bytes(expert_by_stage[s], zero_stage=par.zero, precision=tr.precision,
                                        dp=par.data // par.ep * par.tensor, optimizer=opt,
-                                       grad_bytes_per_param=grad_bytes_per_param)
+                                       grad_bytes_per_param=grad_bytes_per_param, state_bytes=sb)
             st = {k: st[k] + ex[k] for k in st}
         b = mem.MemoryBreakdown(st["weights"], st["gradients"], st["optimizer"], act_by_stage[s], buffers_by_stage[s])
         d = b.as_dict()
@@ -162,14 +163,14 @@ def _memory_by_stage(scenario: Scenario, params_by_stage: list[float], act_by_st
 def _synthetic(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, (par, tr) = scenario.model, scenario.require_training()
     assert isinstance(m, SyntheticModel), "build_job sends only synthetic models here"
-    e = sw.grad_elem_bytes(tr.precision)
+    e, g = sw.grad_elem_bytes(tr.precision), sw.reduced_grad_bytes(scenario)
     parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
     for layer_ids in parts:
         layers = tuple(
             LayerWork(f"L{i}", (Block("fwd", m.forward_ms / 1e3),),
                       (Block("bwd", m.backward_ms / 1e3),) if m.backward_ms else (), (),
-                      grad_bytes=m.params_per_layer * e, param_bytes=m.params_per_layer * e)
+                      grad_bytes=m.params_per_layer * g, param_bytes=m.params_per_layer * e)
             for i in layer_ids)
         chunks.append(ChunkWork(layers, send_bytes=m.activation_bytes))
     info = JobInfo()
@@ -177,12 +178,13 @@ def _synthetic(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInf
                         for s in range(par.pipeline)]
     params_by_stage: list[float] = [n * m.params_per_layer for n in per_stage_layers]
     info.params_total = m.layers * m.params_per_layer
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline,
+                                            g if tr.grad_reduce_dtype != "auto" else None)
     static = [d["weights"] + d["gradients"] + d["optimizer"] for d in info.memory_by_stage]
     opt = Block("optimizer step", m.optimizer_ms / 1e3)
     info.single_gpu_time_s = (scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms)
                               + m.optimizer_ms) / 1e3
-    return _common(scenario, chunks, static, opt, None, max(params_by_stage) * e, cost, info), info
+    return _common(scenario, chunks, static, opt, None, max(params_by_stage) * g, cost, info), info
 
 
 # ---- transformer ----------------------------------------------------------------------------------
@@ -348,7 +350,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     held = max(p + e for p, e in zip(params_by_stage, expert_by_stage, strict=True))
     _, unscale = sw.optimizer_block(cost, scenario, held)
     opt_block, clip = sw.megatron_optimizer(cost, precision=dtype, optimizer=tr.optimizer, params_per_gpu=held,
-                                         data=par.data, zero=par.zero, gbytes=gbytes, ks=ks)
+                                         data=par.data, zero=par.zero, gbytes=gbytes, ks=ks,
+                                         state_bytes=sw.optimizer_state_bytes(tr.optimizer_state_dtype))
     job = _common(scenario, chunks, static, opt_block, unscale, max(params_by_stage) * gbytes, cost, info)
     job.grad_elem_bytes = gbytes
     job.bucket_bytes = _bucket_bytes(scenario, gbytes)
@@ -394,7 +397,7 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, (par, tr) = scenario.model, scenario.require_training()
     assert isinstance(m, LayersModel), "build_job sends only layers models here"
     b, dtype = tr.micro_batch, tr.precision
-    gbytes, ebytes = sw.grad_elem_bytes(dtype), DTYPE_BYTES[storage_dtype(dtype)]
+    gbytes, ebytes = sw.reduced_grad_bytes(scenario), DTYPE_BYTES[storage_dtype(dtype)]
     specs = m.to_layers()
     parts = _stage_chunks(len(specs), par.pipeline, par.virtual_stages, par.stage_layers)
     chunks = []
@@ -431,7 +434,8 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         workspace = every * max((specs[i].activation_bytes * b for i in ids), default=0.0) if ck.kind == "full" else 0.0
         act_by_stage.append(inflight * kept + workspace)
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage,
-                                            [2 * _bucket_bytes(scenario, gbytes)] * par.pipeline)
+                                            [2 * _bucket_bytes(scenario, gbytes)] * par.pipeline,
+                                            gbytes if tr.grad_reduce_dtype != "auto" else None)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (

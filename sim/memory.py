@@ -20,20 +20,21 @@ _FP32 = 4
 _HALF = 2
 
 
-def _optimizer_bytes_per_param(precision: str, optimizer: str) -> int:
+def _optimizer_bytes_per_param(precision: str, optimizer: str, state_bytes: int = _FP32) -> int:
     """K: optimizer-state bytes per parameter.
 
-    Adam keeps momentum and variance (fp32); SGD keeps momentum only (plain SGD without momentum would be
-    K = 0 in fp32, not modelled). Mixed precision adds an fp32 master copy of the weights.
+    Adam keeps momentum and variance; SGD keeps momentum only (plain SGD without momentum would be K = 0
+    in fp32, not modelled). Mixed precision adds a master copy of the weights. Each in ``state_bytes``
+    (fp32; 2 for a bf16 optimizer state, as apex DistributedFusedAdam's ``dtype`` keeps them all).
     """
     states = 2 if optimizer in ("adam", "adamw") else 1
     master = 1 if precision in MIXED_PRECISIONS else 0
-    return _FP32 * (states + master)
+    return state_bytes * (states + master)
 
 
 def model_state_bytes(
     params: float, *, zero_stage: int, dp: int, precision: str, optimizer: str = "adam",
-    grad_bytes_per_param: float | None = None,
+    grad_bytes_per_param: float | None = None, state_bytes: int = _FP32,
 ) -> dict[str, float]:
     """Weights, gradients and optimizer states per GPU for ``params`` held by this GPU's model shard.
 
@@ -42,7 +43,8 @@ def model_state_bytes(
     ZeRO stage 1 shards the optimizer over dp, stage 2 also the gradients, stage 3 also the weights.
     ``params`` is what this GPU holds after tensor/pipeline splitting, before ZeRO.
     ``grad_bytes_per_param`` overrides the gradient element size (Megatron keeps bf16 models' gradients in
-    an fp32 ``main_grad`` buffer: 4).
+    an fp32 ``main_grad`` buffer: 4); ``state_bytes`` the optimizer state's element size (2: bf16, K = 6
+    for mixed-precision Adam).
 
     ZeRO-3 with fp32 gradients is PyTorch FSDP's layout: the sharded flat parameter keeps the weights'
     own fp32 dtype and is what the optimizer updates (the master copy), and the 16-bit shard that
@@ -65,9 +67,9 @@ def model_state_bytes(
             f"{optimizer!r} is not one of {', '.join(OPTIMIZERS)}", field="training.optimizer"
         )
     elem = _HALF if precision in MIXED_PRECISIONS else DTYPE_BYTES[precision]
-    k = _optimizer_bytes_per_param(precision, optimizer)
+    k = _optimizer_bytes_per_param(precision, optimizer, state_bytes)
     grad_elem = elem if grad_bytes_per_param is None else grad_bytes_per_param
-    if zero_stage >= 3 and precision in MIXED_PRECISIONS and grad_elem == _FP32 and k >= _FP32:
+    if zero_stage >= 3 and precision in MIXED_PRECISIONS and grad_elem == _FP32 and state_bytes == _FP32:
         elem, k = _FP32, k - _FP32  # FSDP: the fp32 shard is the weights and the master at once
     weights = elem * params / (dp if zero_stage >= 3 else 1)
     gradients = grad_elem * params / (dp if zero_stage >= 2 else 1)

@@ -281,6 +281,37 @@ def test_megatron_fp16_step_copies_its_16bit_grads_to_fp32_first() -> None:
     assert job.clip.dur_s == pytest.approx(params * 4 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
 
 
+def test_bf16_grad_reduce_and_optimizer_state_by_hand() -> None:
+    """training.grad_reduce_dtype bf16 (Megatron-Core's --grad-reduce-in-bf16, apex's grad_sync_dtype) and
+    optimizer_state_dtype bf16 (apex DistributedFusedAdam's dtype): 2-byte main gradients (accumulated:
+    2 + 2 + 2 bytes per parameter; zeroed: 2; reduced over DP: half the bytes), copied to fp32 before Adam
+    (2 + 4), Adam over bf16 master, m and v (reads 3·2 + 4, writes 3·2), the copy to the model (2 + 2); in
+    memory 2 bytes of gradient and 3·2 of optimizer state per parameter instead of 4 and 12."""
+    base = _megatron()
+    sc = _megatron(training__grad_reduce_dtype="bf16", training__optimizer_state_dtype="bf16")
+    acc_s, layer_params, bw, job, info = _accumulation_by_hand(sc)
+    assert acc_s == pytest.approx(layer_params * 6 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+    params = max(x["weights"] for x in info.memory_by_stage) / 2
+    expect = params * ((2 + 4) + (6 + 4 + 6) + (2 + 2) + 2) / bw + 4 * sc.gpu.kernel_launch_s
+    assert job.optimizer.dur_s == pytest.approx(expect, rel=1e-9)
+    assert job.grad_elem_bytes == 2
+    bjob, binfo = build_job(base, cost_model_for(base))
+    assert job.bucket_bytes == pytest.approx(bjob.bucket_bytes / 2)
+    for mine, theirs in zip(info.memory_by_stage, binfo.memory_by_stage, strict=True):
+        assert mine["gradients"] == pytest.approx(theirs["gradients"] / 2)
+        assert mine["optimizer"] == pytest.approx(theirs["optimizer"] / 2)
+        assert mine["weights"] == pytest.approx(theirs["weights"])
+    # Each switch alone: the gradient dtype leaves the state alone and the state dtype the gradients.
+    g_only = _megatron(training__grad_reduce_dtype="bf16")
+    _, ginfo = build_job(g_only, cost_model_for(g_only))
+    assert ginfo.memory_by_stage[0]["optimizer"] == pytest.approx(binfo.memory_by_stage[0]["optimizer"])
+    s_only = _megatron(training__optimizer_state_dtype="bf16")
+    sjob, sinfo = build_job(s_only, cost_model_for(s_only))
+    assert sjob.grad_elem_bytes == 4
+    assert sinfo.memory_by_stage[0]["gradients"] == pytest.approx(binfo.memory_by_stage[0]["gradients"])
+    assert simulate(sc).summary["step_time_s"] < simulate(base).summary["step_time_s"]
+
+
 def test_deepspeed_bf16_accumulation_goes_through_an_fp32_temporary() -> None:
     """DeepSpeed's BF16_Optimizer.update_hp_grads adds ``lp.grad.to(fp32)``: the cast reads 2 and writes 4
     bytes per parameter, the add reads the temporary and the accumulator and writes the accumulator

@@ -339,6 +339,15 @@ def _with(**sections) -> dict:
         (_with(training={"precision": "bf17"}), "did you mean 'bf16'?"),
         (_with(training={"optimizer": "Adam"}), "did you mean 'adam'?"),
         (
+            _with(training={"precision": "fp16", "grad_reduce_dtype": "bf16"}),
+            "training.grad_reduce_dtype: 'bf16' — bf16 gradient reduction needs bf16 or fp8 compute",
+        ),
+        (
+            _with(training={"precision": "fp32", "optimizer_state_dtype": "bf16"}),
+            "training.optimizer_state_dtype: 'bf16' — a bf16 optimizer state needs bf16 or fp8 compute",
+        ),
+        (_with(training={"grad_reduce_dtype": "fp16"}), "training.grad_reduce_dtype"),
+        (
             _with(simulation={"symmetry": "on"}, cluster={"stragglers": {1: 2.0}}),
             "stragglers make GPUs differ",
         ),

@@ -43,6 +43,7 @@ from sim.training.step_work import (
     megatron_optimizer,
     op_block,
     optimizer_block,
+    optimizer_state_bytes,
     weight_blocks,
 )
 from sim.units import DTYPE_BYTES, storage_dtype
@@ -168,9 +169,11 @@ class Estimator:
         self.nodes = c.nodes
         self.precision = tr.precision
         self.ebytes = DTYPE_BYTES[storage_dtype(self.precision)]
-        self.gbytes = main_grad_bytes(self.precision, self.kernels)  # fp32 main grads with Megatron + bf16
+        # fp32 main grads with Megatron + bf16 (unless training.grad_reduce_dtype says otherwise)
+        self.gbytes = main_grad_bytes(self.precision, self.kernels, tr.grad_reduce_dtype)
         self.global_batch = tr.global_batch
         self.optimizer = "sgd" if tr.optimizer == "sgd" else "adam"
+        self.state_bytes = optimizer_state_bytes(tr.optimizer_state_dtype)
         self.bucket_MB = par.bucket_MB
         self.overlap_grad_sync = par.overlap_grad_sync
         self.overlap_param_gather = par.overlap_param_gather
@@ -315,7 +318,7 @@ class Estimator:
             dp=c.data,
             precision=self.precision,
             optimizer=self.optimizer,
-            grad_bytes_per_param=self.gbytes,
+            grad_bytes_per_param=self.gbytes, state_bytes=self.state_bytes,
         )
         return st["weights"] + st["gradients"] + st["optimizer"]
 
@@ -443,7 +446,8 @@ class Estimator:
             emb_bytes = -(-d.vocab // t) * d.hidden * gb
             tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)
         opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.training.optimizer,
-                                       params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb, ks=ks)
+                                       params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb, ks=ks,
+                                       state_bytes=self.state_bytes)
         mp_group = lay.mp_group(0)
         tail += self.slowest * opt.dur_s
         if self.training.loss_scaling.kind != "none":
@@ -494,7 +498,7 @@ class Estimator:
         params = tf.model_params(self.dims)
         st = mem.model_state_bytes(
             params, zero_stage=0, dp=1, precision=self.precision, optimizer=self.optimizer,
-            grad_bytes_per_param=self.gbytes,
+            grad_bytes_per_param=self.gbytes, state_bytes=self.state_bytes,
         )
         return st["weights"] + st["gradients"] + st["optimizer"]
 

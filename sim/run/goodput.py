@@ -14,6 +14,7 @@ from sim import memory as mem
 from sim.errors import ScenarioError
 from sim.hardware.links import INTRA_PRESETS
 from sim.run import reliability as rel
+from sim.training.step_work import optimizer_state_bytes
 from sim.units import GB
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ def checkpoint_bytes(scenario: Scenario, params_total: float) -> float:
     """Bytes one checkpoint writes: the weights and optimizer states of the whole model (not gradients)."""
     _, tr = scenario.require_training()
     st = mem.model_state_bytes(params_total, zero_stage=0, dp=1, precision=tr.precision,
-                               optimizer="sgd" if tr.optimizer == "sgd" else "adam")
+                               optimizer="sgd" if tr.optimizer == "sgd" else "adam",
+                               state_bytes=optimizer_state_bytes(tr.optimizer_state_dtype))
     return st["weights"] + st["optimizer"]
 
 

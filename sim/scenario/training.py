@@ -156,6 +156,17 @@ class Training(_Strict):
         "TE's default: scales from the amax history, no extra pass) or current (Float8CurrentScaling: an amax "
         "pass over each GEMM input before its cast)",
     )
+    grad_reduce_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="the dtype gradients accumulate and are reduced in over data parallelism: auto "
+        "(what training.kernels does: Megatron keeps bf16 and fp8 models' main gradients in fp32, fp16 ones in "
+        "fp16), fp32, or bf16 (Megatron-Core's --grad-reduce-in-bf16, apex/NeMo DistributedFusedAdam's "
+        "grad_sync_dtype: bf16): half the gradient memory and data-parallel traffic",
+    )
+    optimizer_state_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="the dtype of the optimizer's own state (Adam's moments and, in mixed precision, "
+        "the master weights): fp32, or bf16 (apex DistributedFusedAdam's dtype: bf16, which NeMo's Nemotron "
+        "340B ran): half the optimizer memory and step traffic",
+    )
     grad_clip: float | None = Field(
         1.0, gt=0, description="gradient-norm clipping threshold (Megatron's --clip-grad, default 1.0): "
         "a norm pass over the gradients and its all-reduce; null = no clipping",
@@ -192,6 +203,20 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
+        if self.grad_reduce_dtype == "bf16" and self.precision not in ("bf16", "fp8"):
+            raise RuleError(
+                "grad_reduce_dtype",
+                show(self.grad_reduce_dtype),
+                f"bf16 gradient reduction needs bf16 or fp8 compute, not precision {self.precision}",
+                "set training.grad_reduce_dtype: auto, or training.precision: bf16",
+            )
+        if self.optimizer_state_dtype == "bf16" and self.precision not in ("bf16", "fp8"):
+            raise RuleError(
+                "optimizer_state_dtype",
+                show(self.optimizer_state_dtype),
+                f"a bf16 optimizer state needs bf16 or fp8 compute, not precision {self.precision}",
+                "set training.optimizer_state_dtype: fp32, or training.precision: bf16",
+            )
         if self.tokens is not None and self.train_steps is not None:
             raise RuleError(
                 "train_steps",

@@ -39,7 +39,7 @@ OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", Tr
 # main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
 # fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
 # which a stable run rarely does: not priced.
-FUSED_ADAM_BYTES_PER_PARAM = 28
+FUSED_ADAM_BYTES_PER_PARAM = 28  # = fused_adam_bytes(4, 4)
 COPY_TO_16BIT_BYTES_PER_PARAM = 6
 CLIP_NORM_BYTES_PER_GRAD = 4
 # fp16 with 16-bit main gradients (no --accumulate-allreduce-grads-in-fp32, which bf16 forces): the step
@@ -130,12 +130,24 @@ def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -
     return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
 
 
-def main_grad_bytes(precision: str, ks: KernelSet) -> int:
+GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def main_grad_bytes(precision: str, ks: KernelSet, grad_reduce_dtype: str = "auto") -> int:
     """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
-    fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16)."""
+    fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16) unless
+    the scenario says otherwise (``training.grad_reduce_dtype``: Megatron-Core's --grad-reduce-in-bf16,
+    apex DistributedFusedAdam's grad_sync_dtype)."""
+    if grad_reduce_dtype != "auto":
+        return GRAD_REDUCE_BYTES[grad_reduce_dtype]
     if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):  # fp16 keeps fp16 grads (loss scaling)
         return 4
     return grad_elem_bytes(precision)
+
+
+def optimizer_state_bytes(optimizer_state_dtype: str) -> int:
+    """Element size of the optimizer's state (``training.optimizer_state_dtype``)."""
+    return 2 if optimizer_state_dtype == "bf16" else 4
 
 
 def kernel_set(scenario: Scenario) -> KernelSet:
@@ -150,7 +162,9 @@ def reduced_grad_bytes(scenario: Scenario) -> int:
     Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""
     _, tr = scenario.require_training()
     if scenario.model.kind == "transformer":
-        return main_grad_bytes(tr.precision, KERNEL_SETS[tr.kernels])
+        return main_grad_bytes(tr.precision, KERNEL_SETS[tr.kernels], tr.grad_reduce_dtype)
+    if tr.grad_reduce_dtype != "auto":
+        return GRAD_REDUCE_BYTES[tr.grad_reduce_dtype]
     return grad_elem_bytes(tr.precision)
 
 
@@ -257,11 +271,19 @@ def fsdp_pre_gather_s(cost: CostModel, param_bytes: float, ebytes: int, data: in
     return cost.op_time_s(elementwise("shard cast", shard * (4 + ebytes), "fp32"))
 
 
+def fused_adam_bytes(state_bytes: int, gbytes: int) -> int:
+    """Bytes fused Adam moves per parameter of its shard: reads the master weight, m and v in the state
+    dtype and the gradient, writes the three states (28 with fp32 state and gradients)."""
+    return 6 * state_bytes + gbytes
+
+
 def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, params_per_gpu: float, data: int,
-                       zero: int, gbytes: int, ks: KernelSet | None = None) -> tuple[Block, Block]:
+                       zero: int, gbytes: int, ks: KernelSet | None = None,
+                       state_bytes: int = 4) -> tuple[Block, Block]:
     """(optimizer, gradient-norm) blocks of a step over this GPU's shard as the kernel set runs it (see
     the byte counts above; Megatron's fused kernels when ``ks`` is None). The planner's screen prices the
-    step with this too."""
+    step with this too. ``state_bytes``: the optimizer state's element size (``training.optimizer_state_dtype``;
+    apex DistributedFusedAdam's ``dtype`` keeps the master weights and the moments in it)."""
     mixed = precision not in FULL_PRECISIONS
     shard = params_per_gpu / (data if zero >= 1 else 1)
     grads = params_per_gpu / (data if zero >= 2 else 1)
@@ -280,8 +302,10 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
     if optimizer == "sgd" or not mixed:
         opt_ops = [elementwise(f"{optimizer} step", shard * OPTIMIZER_BYTES_PER_PARAM[(kind, mixed)], "fp32")]
     else:
-        opt_ops = [elementwise("fused adam", shard * FUSED_ADAM_BYTES_PER_PARAM, "fp32"),
-                   elementwise("copy params to 16-bit", shard * COPY_TO_16BIT_BYTES_PER_PARAM, "fp32"),
+        grad_read = 4 if gbytes < 4 else gbytes  # 16-bit gradients are copied to fp32 first (below)
+        opt_ops = [elementwise("fused adam", shard * fused_adam_bytes(state_bytes, grad_read), "fp32"),
+                   elementwise("copy params to 16-bit",
+                               shard * (COPY_TO_16BIT_BYTES_PER_PARAM - 4 + state_bytes), "fp32"),
                    elementwise("zero main_grad", grads * gbytes, "fp32")]
     norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
     if mixed and gbytes < 4 and optimizer != "sgd":  # 16-bit main gradients copied to fp32 first (above)

@@ -281,6 +281,19 @@ def test_megatron_fp16_step_copies_its_16bit_grads_to_fp32_first() -> None:
     assert job.clip.dur_s == pytest.approx(params * 4 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
 
 
+def test_sharded_optimizer_takes_the_norm_of_its_shard() -> None:
+    """With ZeRO-1 (Megatron's distributed optimizer) each rank's norm pass reads the fp32 gradients of the
+    shard it updates, params / data × 4 bytes, while the whole main-grad buffer is still zeroed."""
+    sc = _megatron(parallel__zero=1)
+    cost = cost_model_for(sc)
+    job, info = build_job(sc, cost)
+    bw = sc.gpu.memory_bw_Bps * cost.reference.memory_fraction
+    params = max(x["weights"] for x in info.memory_by_stage) / 2
+    assert job.clip.dur_s == pytest.approx(params / 2 * 4 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+    assert job.optimizer.dur_s == pytest.approx(params / 2 * (28 + 6) / bw + params * 4 / bw
+                                                + 3 * sc.gpu.kernel_launch_s, rel=1e-9)
+
+
 def test_bf16_grad_reduce_and_optimizer_state_by_hand() -> None:
     """training.grad_reduce_dtype bf16 (Megatron-Core's --grad-reduce-in-bf16, apex's grad_sync_dtype) and
     optimizer_state_dtype bf16 (apex DistributedFusedAdam's dtype): 2-byte main gradients (accumulated:

@@ -307,7 +307,10 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
                    elementwise("copy params to 16-bit",
                                shard * (COPY_TO_16BIT_BYTES_PER_PARAM - 4 + state_bytes), "fp32"),
                    elementwise("zero main_grad", grads * gbytes, "fp32")]
-    norm = elementwise("grad norm", grads * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
+    # The norm covers the gradients this rank owns after the reduction: with a sharded optimizer
+    # (Megatron's distributed optimizer, get_main_grads_for_grad_norm; DeepSpeed's ZeRO partitions) its
+    # shard, not the whole buffer it zeroes.
+    norm = elementwise("grad norm", shard * CLIP_NORM_BYTES_PER_GRAD * gbytes / 4, "fp32")
     if mixed and gbytes < 4 and optimizer != "sgd":  # 16-bit main gradients copied to fp32 first (above)
         opt_ops.insert(0, elementwise("copy grads to fp32", shard * COPY_GRADS_TO_FP32_BYTES_PER_GRAD, "fp32"))
         norm = elementwise("grad norm", shard * CLIP_NORM_BYTES_PER_GRAD, "fp32")

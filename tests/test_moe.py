@@ -218,3 +218,19 @@ def test_expert_parallel_degree_barely_moves_the_step_when_routing_is_balanced()
     steps = {ep: simulate(load_scenario(base, [f"parallel.expert={ep}", "model.load_imbalance=1.0"])).summary.step_time_s
              for ep in (1, 8)}
     assert steps[8] == pytest.approx(steps[1], rel=0.05)
+
+
+def test_moe_layers_rotate_q_and_k_like_dense_layers() -> None:
+    """Mixtral uses rotary positions: its MoE layer runs the fused RoPE kernel after the QKV GEMM and its
+    backward before the QKV input gradient, reading and writing this GPU's Q and K (b·s·(h + kv)/t
+    elements of 2 bytes): the same two ops as a dense layer's."""
+    m = _mixtral()
+    d, spec = m.to_dims(), m.to_moe()
+    b, t = 1, 2
+    lo = moe_ops.layer_ops(d, spec, micro_batch=b, tp=t, ep=1, sequence_parallel=True, dtype="bf16")
+    fwd = [op.name for seg in lo.forward for op in seg.ops]
+    bwd = [op.name for seg in lo.backward_input for op in seg.ops]
+    assert fwd[fwd.index("qkv") + 1] == "rope" and bwd[bwd.index("qkv.dgrad") - 1] == "rope.bwd"
+    rope = next(op for seg in lo.forward for op in seg.ops if op.name == "rope")
+    assert rope.bytes == 2 * b * d.seq_len * (d.hidden + d.kv_dim) // t * 2
+    assert d.kv_dim == 8 * 128  # 8 KV heads of 128

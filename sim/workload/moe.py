@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
 from sim.workload.attention import flash_attention_op
-from sim.workload.ops import elementwise, gemm
+from sim.workload.ops import Op, elementwise, gemm
 
 ALL_TO_ALL_EP = "all_to_all@ep"  # a collective on the expert-parallel group (executor: "op@group")
 ALL_GATHER_TP = tf.ALL_GATHER
@@ -124,6 +124,9 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     pn, drop = persistent_norm, d.dropout > 0
     norm1 = tf._norm_fwd("norm1", local, h, act, pn)
     core = flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel)
+    rope = tf.rope_ops(d, tokens, t, act)
+    rotate: tuple[Op, ...] = (rope[0],) if rope is not None else ()
+    rotate_b: tuple[Op, ...] = (rope[1],) if rope is not None else ()
     add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act, drop)
     norm2 = tf._norm_fwd("norm2", local, h, act, pn)
     mlp_act = tf._activation_fwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)
@@ -149,8 +152,8 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
             shared_bwd = (seg((tf._dgrad(s_down), s_act_b, tf._dgrad(s_up)), tf._conjugate(before_col, t),
                               comm_bytes),)
         shared_w = (tf._wgrad(s_down), tf._wgrad(s_up))
-    attention = ((seg((norm1,), before_col, comm_bytes), seg((qkv, core, attn_out), after_row, comm_bytes))
-                 if sp else (seg((norm1, qkv, core, attn_out), after_row, comm_bytes),))
+    attention = ((seg((norm1,), before_col, comm_bytes), seg((qkv, *rotate, core, attn_out), after_row, comm_bytes))
+                 if sp else (seg((norm1, qkv, *rotate, core, attn_out), after_row, comm_bytes),))
     forward = (
         *attention,
         seg((*add1, norm2, router, topk), None, 0.0),
@@ -172,7 +175,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     norm1_b = tf._norm_bwd("norm1.bwd", local, h, act, persistent=pn)
     grad_col = tf._conjugate(before_col, t)  # RS with SP, AR without
     ep_comm = ALL_TO_ALL_EP if ep > 1 else None
-    attn_grads = (tf._dgrad(attn_out), core_b, tf._dgrad(qkv))
+    attn_grads = (tf._dgrad(attn_out), core_b, *rotate_b, tf._dgrad(qkv))
     head = ((seg((add2_b,), REDUCE_SCATTER_TP, comm_bytes), seg((unpermute_b,), ep_comm, a2a)) if regather
             else (seg((add2_b,), None, 0.0), seg((unpermute_b,), ep_comm, a2a)))
     experts_b = seg((tf._dgrad(down), act_b, tf._dgrad(up)), ep_comm, a2a)

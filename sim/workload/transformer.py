@@ -348,6 +348,17 @@ def _wgrad(op: Op) -> Op:
 # ---------------------------------------------------------------------------------------------- ops
 
 
+def rope_ops(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[Op, Op] | None:
+    """Rotary positions (``model.position: rope``): one fused kernel rotates this GPU's Q and K in place
+    after the QKV GEMM, reading and writing them (Transformer Engine's / Apex's fused RoPE, Megatron-Core's
+    apply_rope_fusion), and one more in the backward before the QKV input gradient; None otherwise."""
+    if d.position != "rope":
+        return None
+    rotated = tokens * (d.hidden + d.kv_dim) // tp
+    nbytes = 2 * rotated * DTYPE_BYTES[act]
+    return (elementwise("rope", nbytes, act, flops=3.0 * rotated),
+            elementwise("rope.bwd", nbytes, act, flops=3.0 * rotated))
+
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
@@ -417,11 +428,9 @@ def layer_ops(
     else:
         core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop, fused_softmax,
                                           softmax_in_fp32)
-    if d.position == "rope":  # rotary positions: one fused kernel rotates Q and K in place, read + write
-        # (Transformer Engine's / Apex's fused RoPE, Megatron-Core's apply_rope_fusion), and its backward
-        rotated = tokens * (h + d.kv_dim) // t
-        core = (elementwise("rope", 2 * rotated * DTYPE_BYTES[act], act, flops=3.0 * rotated), *core)
-        core_b = (*core_b, elementwise("rope.bwd", 2 * rotated * DTYPE_BYTES[act], act, flops=3.0 * rotated))
+    rope = rope_ops(d, tokens, t, act)
+    if rope is not None:
+        core, core_b = (rope[0], *core), (*core_b, rope[1])
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
     norm2 = _norm_fwd("norm2", local, h, act, pn)
     mlp_act: tuple[Op, ...] = (_activation_fwd(d.mlp, tokens, ffn_t, act),)

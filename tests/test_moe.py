@@ -234,3 +234,25 @@ def test_moe_layers_rotate_q_and_k_like_dense_layers() -> None:
     rope = next(op for seg in lo.forward for op in seg.ops if op.name == "rope")
     assert rope.bytes == 2 * b * d.seq_len * (d.hidden + d.kv_dim) // t * 2
     assert d.kv_dim == 8 * 128  # 8 KV heads of 128
+
+
+def test_moe_layers_in_fp8_cast_their_gemm_inputs_and_keep_the_router_16_bit() -> None:
+    """Under fp8 a MoE layer's Transformer Engine GEMMs (QKV, attention out, the experts) take fp8 inputs,
+    each cast as a dense layer's are (the grouped expert GEMMs: every routed token's h elements, read 2
+    bytes, write the fp8 copy and its transpose), while the router, a plain torch linear, stays bf16."""
+    m = _mixtral()
+    d, spec = m.to_dims(), m.to_moe()
+    kw = dict(micro_batch=1, tp=1, ep=1, sequence_parallel=False)
+    lo = moe_ops.layer_ops(d, spec, dtype="fp8", **kw)
+    ops = {op.name: op for seg in (*lo.forward, *lo.backward_input) for op in seg.ops}
+    assert ops["router"].dtype == "bf16" and ops["router.dgrad"].dtype == "bf16"
+    assert ops["expert_up"].dtype == "fp8"
+    up_seg = next(seg for seg in lo.forward if any(op.name == "expert_up" for op in seg.ops))
+    cast = up_seg.ops[0]
+    up = ops["expert_up"]
+    assert cast.name == "fp8 cast_transpose"
+    # the segment's fp8 inputs: expert_up's routed tokens × h and expert_down's × ffn
+    down = ops["expert_down"]
+    assert cast.bytes == (up.m * up.k * up.batch + down.m * down.k * down.batch) * (2 + 1 + 1)
+    bf16 = moe_ops.layer_ops(d, spec, dtype="bf16", **kw)
+    assert not any(op.name.startswith("fp8") for seg in bf16.forward for op in seg.ops)

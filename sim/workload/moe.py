@@ -91,9 +91,11 @@ def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp:
 
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
               sequence_parallel: bool, dtype: str, flash_kernel: str = "",
-              persistent_norm: bool = False) -> tf.LayerOps:
+              persistent_norm: bool = False, fp8_recipe: str = "delayed") -> tf.LayerOps:
     """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives);
-    ``persistent_norm`` and ``d.dropout`` as in ``sim.workload.transformer.layer_ops``."""
+    ``persistent_norm``, ``d.dropout`` and, in fp8, the casts of the GEMM inputs (``fp8_recipe``) as in
+    ``sim.workload.transformer.layer_ops``. The router is a plain linear outside Transformer Engine
+    (Megatron-Core's TopKRouter: ``torch.nn.functional.linear``), so it stays 16-bit under fp8."""
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
     act = storage_dtype(dtype)
@@ -110,7 +112,8 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
 
     qkv = gemm("qkv", tokens, (h + 2 * d.kv_dim) // t, h, dtype)
     attn_out = gemm("attn_out", tokens, h, h // t, dtype)
-    router = gemm("router", mine, moe.experts, h, dtype)
+    router_dtype = storage_dtype(dtype) if dtype == "fp8" else dtype
+    router = gemm("router", mine, moe.experts, h, router_dtype)
     topk = elementwise("router_topk", mine * moe.experts * (e + _FP32) + mine * moe.top_k * 8, act,
                           flops=4.0 * mine * moe.experts)
     up_w = (2 if d.mlp == "swiglu" else 1) * moe.ffn_hidden
@@ -168,7 +171,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     unpermute_b = elementwise("moe_unpermute.bwd", 2 * routed * h * e, act)
     act_b = tf._activation_bwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)
     permute_b = elementwise("moe_permute.bwd", 2 * routed * h * e, act, flops=float(routed * h))
-    router_b = gemm("router.dgrad", mine, h, moe.experts, dtype)
+    router_b = gemm("router.dgrad", mine, h, moe.experts, router_dtype)
     norm2_b = tf._norm_bwd("norm2.bwd", local, h, act, persistent=pn)
     add1_b = tf._dropout_add_bwd("attn_dropout_add.bwd", local, h, act, drop, d.bias)
     core_b = flash_attention_op("attention.bwd", d, b, t, act, backward=True, kernel=flash_kernel)
@@ -189,7 +192,17 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     backward_input = (*head, experts_b, *shared_bwd, *tail)
     backward_weight = (tf._wgrad(down), tf._wgrad(up), *shared_w, tf._wgrad(router), tf._wgrad(attn_out),
                        tf._wgrad(qkv))
+    if dtype == "fp8":
+        sp_tp = t if sp else 1
+        forward = tf._with_fp8_casts(forward, fp8_recipe, sp_tp=sp_tp)
+        backward_input = tf._with_fp8_casts(backward_input, fp8_recipe, sp_tp=sp_tp)
+        if sp:  # the weight gradients of the gathered inputs read their transposed fp8 copies
+            backward_weight = tuple(op for w in backward_weight
+                                    for op in ((tf._fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
     return tf.LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
+
+
+_GATHERED_WGRADS = frozenset({"qkv.wgrad", "shared_up.wgrad"})  # inputs all-gathered under SP
 
 
 def model_flops_per_iteration(d: tf.TransformerDims, moe: MoESpec, global_batch: int) -> float:

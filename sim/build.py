@@ -368,6 +368,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather
     job.nccl = scenario.gpu.nccl_ctas()
+    job.hbm_Bps = sw.streaming_Bps(cost)
     # T₁: the same global batch on one GPU, built by the same code (embedding, head, accumulation, step).
     one = job if par.world_size == 1 else _transformer(_on_one_gpu(scenario), cost)[0]
     info.single_gpu_time_s = _compute_time_s(one)

@@ -889,3 +889,35 @@ def test_editing_an_efficiency_the_reference_profile_replaces_warns() -> None:
     custom = RooflineCostModel(a100.model_copy(update={"name": "A100-custom", "gemm_efficiency": 0.9}))
     assert custom.reference is None
     assert custom.gemm_model("bf16").ceiling_flops_per_s == pytest.approx(0.9 * 312e12)
+
+
+def _overlapped_gather(hbm_Bps: float, hbm_bytes: float, comm_bytes: float = 400e6):
+    """Two TP ranks in one node; one forward block whose all-gather runs beside it. Returns (the
+    collective's span, the executor)."""
+    blk = Block("f", 0.010, "all_gather", comm_bytes, overlap=True, hbm_bytes=hbm_bytes)
+    lw = (LayerWork("L0", (blk,), (Block("b", 0.001),), ()),)
+    job = TrainingJob(dp=1, tp=2, pp=1, virtual_stages=1, microbatches=1, schedule="1f1b",
+                      chunks=[ChunkWork(lw)], bucket_bytes=1.0, static_bytes=[0.0], hbm_Bps=hbm_Bps)
+    ex = TrainingExecutor(world(1, 2), job, symmetric=False)
+    ex.run()
+    span = next(s for s in ex.world.timeline.spans if s.gpu == 0 and "(overlapped)" in s.name)
+    return span, ex
+
+
+def test_a_collective_beside_memory_bound_compute_shares_hbm() -> None:
+    """The other way round: a collective overlapping memory-bound kernels gets its share of HBM. The
+    all-gather receives at the test NVLink's 100 GB/s and touches HBM 3 times per byte (300 GB/s); the
+    block's kernels stream 1.5 TB/s through an HBM that gives 1.6 TB/s: together 1.8 TB/s, so the gather
+    moves its bytes 1.8/1.6 = 1.125× slower — the same span as the gather of 1.125× the bytes alone. A
+    block of GEMMs (0.2 TB/s) leaves it alone."""
+    hbm = 1.6e12
+    slow, ex = _overlapped_gather(hbm, hbm_bytes=1.5e12 * 0.010)
+    assert ex._hbm_stretch(0, "tp", "all_gather", ex.job.chunks[0].layers[0].forward[0]) == pytest.approx(1.125)
+    assert slow.args["hbm_stretch"] == pytest.approx(1.125)
+    assert "slowed by compute's HBM traffic" in slow.name
+    same, _ = _overlapped_gather(0.0, 0.0, comm_bytes=400e6 * 1.125)
+    assert slow.dur_s == pytest.approx(same.dur_s, rel=1e-9)
+    alone, _ = _overlapped_gather(0.0, 0.0)
+    gemms, _ = _overlapped_gather(hbm, hbm_bytes=0.2e12 * 0.010)
+    assert gemms.dur_s == pytest.approx(alone.dur_s, rel=1e-12) and "hbm_stretch" not in gemms.args
+    assert slow.dur_s > alone.dur_s * 1.1

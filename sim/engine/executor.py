@@ -61,6 +61,12 @@ from sim.schedules.actions import Action, build_schedule
 STREAM_DP = "dp"
 
 
+# HBM accesses per byte a rank receives, as NCCL's ring kernels move it (src/device/all_reduce.h,
+# reduce_scatter.h, all_gather.h over prims_simple.h): the peer writes the incoming chunk into this rank's
+# buffer (1), which the rank reads (1) and reduces with its own input (read 1) or copies to its output
+# before sending it on (the send lands in the next rank's HBM, counted there): 3 for reduce-scatter,
+# all-gather and all-reduce; a point-to-point or all-to-all receive writes and copies out, the send reads: 2.
+HBM_TOUCHES = {"all_reduce": 3.0, "reduce_scatter": 3.0, "all_gather": 3.0, "send_recv": 2.0, "all_to_all": 2.0}
 _BLOCK_COMM_CATEGORY = {"ep": COMM_EP, "cp": COMM_CP}  # span category of a block's collective by group; else TP
 
 
@@ -128,6 +134,7 @@ class TrainingExecutor:
         # The compute keeps at least one SM.
         self._max_share = 1.0 - 1.0 / job.nccl.sm_count if job.nccl is not None and job.nccl.sm_count > 1 else 0.99
         self._shares: dict[tuple, float] = {}  # (g, kind, op, bytes, peer) -> _share_of(...)
+        self._stretches: dict[tuple, float] = {}  # _hbm_stretch's, by (kind, op, block duration and bytes)
         tl = world.timeline
         for g in self.gpus:
             tl.gpus.append(g)
@@ -169,9 +176,12 @@ class TrainingExecutor:
         self.world.timeline.counters.append(CounterSample(g, "memory_bytes", self.env.now, self._mem[g]))
 
     # ---- collectives -----------------------------------------------------------------------------
-    def _collective(self, g: int, kind: str, op: str, size_bytes: float):
+    def _collective(self, g: int, kind: str, op: str, size_bytes: float, stretch: float = 1.0):
         """Generator: run collective ``op`` of ``size_bytes`` on g's ``kind`` group; returns when g is done,
-        with the label of the algorithm (and protocol) the tuner or the scenario chose."""
+        with the label of the algorithm (and protocol) the tuner or the scenario chose. ``stretch`` > 1:
+        its transfers move at 1/stretch of their speed (HBM shared with the compute it overlaps,
+        ``_hbm_stretch``): they carry ``stretch`` × the bytes, while the tuner chooses by the real size
+        and the latencies stay."""
         plan = self._plans.get((g, kind, op, size_bytes))
         if plan is None:
             plan = self._plans[(g, kind, op, size_bytes)] = self._plan(g, kind, op, size_bytes)
@@ -181,6 +191,8 @@ class TrainingExecutor:
         world = self.world
         if counted is not None:
             world.count_algorithm(f"{kind}:{op}", choice.label, counted)
+        if cache_key is not None and stretch != 1.0:
+            cache_key = (*cache_key, stretch)
         if cache_key is not None:  # symmetric, and a kind whose duration is reused
             dur = self._cache.get(cache_key)
             if dur is not None:
@@ -189,7 +201,8 @@ class TrainingExecutor:
         cfg = self.comm
         p = len(group)
         alg = choice.algorithm
-        factory = lambda: coll.build(op, alg, p, size_bytes, ranks_by_node=rbn,  # noqa: E731
+        moved = size_bytes * stretch
+        factory = lambda: coll.build(op, alg, p, moved, ranks_by_node=rbn,  # noqa: E731
                                      servers=cfg.parameter_servers, aggregate_Bps=cfg.aggregate_Bps,
                                      dedicated=bool(servers))
         proto, launch = choice.protocol, choice.launch_s
@@ -480,13 +493,39 @@ class TrainingExecutor:
             yield self.env.timeout(wait_s)
         start = self.env.now
         share = self._comm_begin(g, kind, op, b.comm_bytes, ctas=b.ctas)
-        yield from self._collective(g, kind, op, b.comm_bytes)
+        stretch = self._hbm_stretch(g, kind, op, b)
+        yield from self._collective(g, kind, op, b.comm_bytes, stretch)
         self._comm_end(g, share)
         if finish is not None:
             finish(self.env.now - start)
-        self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped)",
+        extra = {"hbm_stretch": stretch} if stretch > 1.0 else {}
+        slowed = " (slowed by compute's HBM traffic)" if stretch > 1.0 else ""
+        self.world.span(g, STREAM_COMM, f"{prefix} {b.name} {op} (overlapped){slowed}",
                         _BLOCK_COMM_CATEGORY.get(kind, COMM_TP), start,
-                        {"bytes": b.comm_bytes, "op": op, **args})
+                        {"bytes": b.comm_bytes, "op": op, **extra, **args})
+
+    def _hbm_stretch(self, g: int, kind: str, op: str, b: Block) -> float:
+        """How much slower block ``b``'s overlapped collective moves its bytes because the block's kernels
+        use the same HBM. The collective touches HBM ``HBM_TOUCHES[op]`` times per byte it receives, at
+        the rate of the link it runs on (the group's NVLink port inside a node, its NIC share across
+        nodes); the block's kernels move ``b.hbm_bytes`` over ``b.dur_s``. When the two demands exceed what
+        HBM streams (``job.hbm_Bps``), each gets its proportional share, so the collective runs at
+        HBM / (compute + collective demand) of its speed: GEMMs beside it (few bytes per second) cost it
+        nothing, memory-bound kernels beside an NVLink collective up to about 1.4× on A100."""
+        hbm = self.job.hbm_Bps
+        if hbm <= 0 or b.dur_s <= 0 or b.hbm_bytes <= 0:
+            return 1.0
+        key = (kind, op, b.dur_s, b.hbm_bytes, g if not self.symmetric else None)
+        stretch = self._stretches.get(key)
+        if stretch is None:
+            topo = self.world.topology
+            group = self._group(g, kind)
+            shape = group_shape(topo, group)
+            wire = (topo.intra_bw_Bps if shape.nodes == 1
+                    else topo.inter_bw_Bps * max(1, shape.nics) / max(1, shape.per_node))
+            demand = b.hbm_bytes / b.dur_s + HBM_TOUCHES.get(op, 2.0) * wire
+            stretch = self._stretches[key] = max(1.0, demand / hbm)
+        return stretch
 
     def _ring(self, g: int, b: Block, category: str, args: dict, prefix: str):
         """Ring attention over g's CP group: ``b`` (one K/V block's attention) runs once per member; while

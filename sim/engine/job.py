@@ -26,6 +26,7 @@ class Block:
     category: str | None = None  # span category; None: the caller's (forward, backward, …)
     overlap: bool = False
     ctas: int | None = None  # SMs the overlapped collective holds (userbuffers); None: NCCL's CTAs
+    hbm_bytes: float = 0.0  # what its kernels read and write in HBM (the overlapped collective shares it)
 
     @property
     def comm_op_kind(self) -> tuple[str, str]:
@@ -97,6 +98,9 @@ class TrainingJob:
     # sim.build sets); without it every overlapped collective slows compute 1/(1 + comm_slowdown).
     nccl: CommCTAs | None = None
     comm_slowdown: float = 0.0
+    # The HBM bandwidth its streaming kernels reach (B/s): a collective overlapping a block shares it with
+    # the block's kernels (sim.engine.executor, _hbm_stretch); 0 = no contention modelled.
+    hbm_Bps: float = 0.0
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
     cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
 

@@ -83,8 +83,15 @@ def blocks(cost: CostModel, segments: Iterable[Segment], prefix: str = "", host_
         else:
             name = seg.comm or f"seg{i}"
         out.append(Block(f"{prefix}{name}", dur, seg.comm, seg.comm_bytes, sum(op.flops for op in seg.ops),
-                         overlap=seg.overlap, ctas=seg.ctas))
+                         overlap=seg.overlap, ctas=seg.ctas, hbm_bytes=sum(op.bytes for op in seg.ops)))
     return tuple(out)
+
+
+def streaming_Bps(cost: CostModel) -> float:
+    """HBM bandwidth a streaming kernel reaches under ``cost`` (a 1 GB copy-like pass, launch excluded):
+    what an overlapped collective shares with the compute beside it (``Block.hbm_bytes``)."""
+    big, small = (cost.op_time_s(elementwise("hbm probe", n, "fp32")) for n in (2e9, 1e9))
+    return 1e9 / (big - small) if big > small else 0.0
 
 
 def op_block(cost: CostModel, name: str, ops: tuple[Op, ...] | list[Op], host_s: float = 0.0) -> tuple[Block, ...]:

@@ -242,3 +242,60 @@ def test_an_interrupt_dropped_by_a_finaliser_still_stops_and_prints_no_traceback
     assert "Traceback" not in capfd.readouterr().err
     assert interrupt_status(caught.value) == 143
     assert not out.exists() and not list(tmp_path.glob(".r.tmp-*"))
+
+
+def _signal_inside(monkeypatch, target, name: str, sig: int) -> None:
+    """Make ``target.name`` send ``sig`` to this process when it returns (a real signal, handled by the
+    ResultDir handler at the next bytecode)."""
+    real = getattr(target, name)
+
+    def wrapped(*args, **kwargs):
+        value = real(*args, **kwargs)
+        os.kill(os.getpid(), sig)
+        return value
+
+    monkeypatch.setattr(target, name, wrapped)
+
+
+def test_a_signal_while_the_staging_folder_is_made_leaves_nothing_behind(tmp_path, capsys, monkeypatch) -> None:
+    """SIGTERM right after mkdtemp made the staging folder and before its name is kept: the folder is still
+    removed, the old result stays, the exit status says SIGTERM (143)."""
+    import sim.outputs.resultdir as rd
+
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    before = {n: (out / n).read_bytes() for n in _files(out)}
+    _signal_inside(monkeypatch, rd.tempfile, "mkdtemp", signal.SIGTERM)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 143
+    assert {n: (out / n).read_bytes() for n in _files(out)} == before
+    assert not list(tmp_path.glob(".r.tmp-*")), list(tmp_path.iterdir())
+
+
+def test_a_signal_as_the_manifest_is_written_keeps_the_old_result(tmp_path, capsys, monkeypatch) -> None:
+    """SIGINT arriving as the manifest is finished (before the swap): the swap does not start, the staging
+    folder goes, the old result stays."""
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    before = {n: (out / n).read_bytes() for n in _files(out)}
+    _signal_inside(monkeypatch, ResultDir, "_write_manifest", signal.SIGINT)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 130
+    assert "removed the unfinished result" in capsys.readouterr().err
+    assert {n: (out / n).read_bytes() for n in _files(out)} == before
+    assert not list(tmp_path.glob(".r.tmp-*"))
+
+
+def test_a_signal_during_the_swap_lets_it_finish_then_stops(tmp_path, capsys, monkeypatch) -> None:
+    """SIGTERM in the middle of the swap (between the renames) waits for it: the new result is whole in
+    place, the previous one is r.prev, nothing is left half-moved, and the run still ends as SIGTERM."""
+    import sim.outputs.resultdir as rd
+
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    _signal_inside(monkeypatch, rd, "_fsync_dir", signal.SIGTERM)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 143
+    assert _consistent(out)["global_batch"] == 16
+    assert _consistent(tmp_path / "r.prev")["global_batch"] == 8
+    assert not list(tmp_path.glob(".r.tmp-*"))

@@ -151,6 +151,10 @@ class ResultDir:
         # The signal that arrived while this folder was being written ("SIGINT"/"SIGTERM"), or None: a
         # KeyboardInterrupt raised again for it carries the name, so the exit status stays 130 or 143.
         self._signal: str | None = None
+        # While set (making the staging folder, deciding, swapping, cleaning up), a SIGINT/SIGTERM is only
+        # recorded in ``_signal`` and acted on when the step is done: no interrupt can land between
+        # creating the staging folder and knowing its name, or between two renames of the swap.
+        self._deferring = False
         self._old_unraisablehook: Callable[[Any], object] | None = None
         self._check()
         self._lock()
@@ -235,6 +239,7 @@ class ResultDir:
     # ---- the transaction ---------------------------------------------------------------------------
     def __enter__(self) -> Path:
         self._install_signals()
+        self._deferring = True
         try:
             self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
             os.chmod(self.staging, 0o777 & ~_umask())
@@ -244,14 +249,19 @@ class ResultDir:
                     src = self.out / name
                     if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
                         _link_or_copy(src, self.staging / name)
-        except BaseException:  # no __exit__ will run: undo what was set up
-            self._abort(interrupted=False)
+            if self._signal:  # asked to stop while the folder was being set up
+                raise KeyboardInterrupt(self._signal)
+        except BaseException as exc:  # no __exit__ will run: undo what was set up
+            self._abort(interrupted=isinstance(exc, KeyboardInterrupt))
             self._restore_signals()
             self._unlock()
             raise
+        finally:
+            self._deferring = False
         return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._deferring = True  # from here on the folder settles first, then a signal is acted on
         try:
             if exc_type is None and self._signal:
                 # The KeyboardInterrupt fired inside a weakref callback or __del__ (a garbage collection),
@@ -260,6 +270,8 @@ class ResultDir:
                 raise KeyboardInterrupt(self._signal)
             if exc_type is None:
                 self.commit()
+                if self._signal:  # arrived during the swap: the new result is in place; stop as asked
+                    raise KeyboardInterrupt(self._signal)
             else:
                 interrupted = bool(self._signal) or issubclass(exc_type, KeyboardInterrupt)
                 self._abort(interrupted=interrupted)
@@ -269,6 +281,7 @@ class ResultDir:
                     raise KeyboardInterrupt(self._signal or "SIGINT") from exc
         finally:
             self._restore_signals()
+            self._deferring = False
             self._unlock()
 
     def commit(self) -> None:
@@ -277,6 +290,8 @@ class ResultDir:
         assert staging is not None
         try:
             self._write_manifest(staging)
+            if self._signal:  # asked to stop before the swap (the signal waited for the manifest)
+                raise KeyboardInterrupt(self._signal)
         except BaseException as exc:  # e.g. Ctrl-C before the swap: the staging folder goes, out is untouched
             self._abort(interrupted=isinstance(exc, KeyboardInterrupt))
             raise
@@ -321,6 +336,8 @@ class ResultDir:
     def _install_signals(self) -> None:
         def to_interrupt(signum, frame):  # SIGTERM unwinds like Ctrl-C, so cleanup runs
             self._signal = signal.Signals(signum).name  # remembered in case a library swallows the interrupt
+            if self._deferring:  # inside a step that must finish first: acted on when it ends
+                return
             raise KeyboardInterrupt(self._signal)
 
         previous_hook = sys.unraisablehook

@@ -13,7 +13,9 @@ through :class:`ResultDir`:
    into the new folder unchanged, and a manifest (``.dtsim-result.json``) records which files dtsim
    wrote. Signals are held off during the swap.
 4. On an error, Ctrl-C or SIGTERM the staging folder is removed, ``out`` is left as it was, and one line
-   on stderr says so.
+   on stderr says so. A signal that arrives while the staging folder is being made, or while the result
+   is being committed, is recorded and acted on when that step ends (before the swap: as above; during
+   it: the new result is in place and the command still stops as interrupted).
 
 A reader therefore sees the old result or the new one, never a mix; a crash (SIGKILL, power loss)
 leaves at worst a hidden ``.NAME.tmp-*`` folder, removed by the next run into the same folder.

@@ -178,8 +178,7 @@ def _synthetic(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInf
                         for s in range(par.pipeline)]
     params_by_stage: list[float] = [n * m.params_per_layer for n in per_stage_layers]
     info.params_total = m.layers * m.params_per_layer
-    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline,
-                                            g if tr.grad_reduce_dtype != "auto" else None)
+    info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, [0.0] * par.pipeline, [0.0] * par.pipeline, g)
     static = [d["weights"] + d["gradients"] + d["optimizer"] for d in info.memory_by_stage]
     opt = Block("optimizer step", m.optimizer_ms / 1e3)
     info.single_gpu_time_s = (scenario.microbatches * par.data * m.layers * (m.forward_ms + m.backward_ms)
@@ -436,8 +435,7 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         workspace = every * max((specs[i].activation_bytes * b for i in ids), default=0.0) if ck.kind == "full" else 0.0
         act_by_stage.append(inflight * kept + workspace)
     info.memory_by_stage = _memory_by_stage(scenario, params_by_stage, act_by_stage,
-                                            [2 * _bucket_bytes(scenario, gbytes)] * par.pipeline,
-                                            gbytes if tr.grad_reduce_dtype != "auto" else None)
+                                            [2 * _bucket_bytes(scenario, gbytes)] * par.pipeline, gbytes)
     static = [x["weights"] + x["gradients"] + x["optimizer"] + x["buffers"] for x in info.memory_by_stage]
     info.model_flops_per_step = 3 * sum(x.forward_flops for x in specs) * tr.global_batch
     info.hardware_flops_per_step = info.model_flops_per_step + (

@@ -203,20 +203,11 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
-        if self.grad_reduce_dtype == "bf16" and self.precision not in ("bf16", "fp8"):
-            raise RuleError(
-                "grad_reduce_dtype",
-                show(self.grad_reduce_dtype),
-                f"bf16 gradient reduction needs bf16 or fp8 compute, not precision {self.precision}",
-                "set training.grad_reduce_dtype: auto, or training.precision: bf16",
-            )
-        if self.optimizer_state_dtype == "bf16" and self.precision not in ("bf16", "fp8"):
-            raise RuleError(
-                "optimizer_state_dtype",
-                show(self.optimizer_state_dtype),
-                f"a bf16 optimizer state needs bf16 or fp8 compute, not precision {self.precision}",
-                "set training.optimizer_state_dtype: fp32, or training.precision: bf16",
-            )
+        for key, what, default in (("grad_reduce_dtype", "bf16 gradient reduction", "auto"),
+                                   ("optimizer_state_dtype", "a bf16 optimizer state", "fp32")):
+            if getattr(self, key) == "bf16" and self.precision not in ("bf16", "fp8"):
+                raise RuleError(key, show("bf16"), f"{what} needs bf16 or fp8 compute, not precision "
+                                f"{self.precision}", f"set training.{key}: {default}, or training.precision: bf16")
         if self.tokens is not None and self.train_steps is not None:
             raise RuleError(
                 "train_steps",

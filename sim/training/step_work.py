@@ -13,7 +13,7 @@ from sim.cost.base import CostModel
 from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM
 from sim.schedules.actions import SPLIT_BACKWARD
-from sim.units import FULL_PRECISIONS, MB, storage_dtype
+from sim.units import DTYPE_BYTES, FULL_PRECISIONS, MB, storage_dtype
 from sim.workload.kernels import (
     DDP_BUCKET_BYTES,
     KERNEL_SETS,
@@ -39,8 +39,6 @@ OPTIMIZER_BYTES_PER_PARAM = {("adam", True): 30, ("adam", False): 28, ("sgd", Tr
 # main-grad buffer writes 4. The gradient-norm pass (clip_grad_norm_fp32, multi_tensor_l2norm) reads each
 # fp32 gradient once (4). Scaling by the clip coefficient runs only when the norm exceeds the threshold,
 # which a stable run rarely does: not priced.
-FUSED_ADAM_BYTES_PER_PARAM = 28  # = fused_adam_bytes(4, 4)
-COPY_TO_16BIT_BYTES_PER_PARAM = 6
 CLIP_NORM_BYTES_PER_GRAD = 4
 # fp16 with 16-bit main gradients (no --accumulate-allreduce-grads-in-fp32, which bf16 forces): the step
 # first copies them to the fp32 master parameters' gradients (``_copy_model_grads_to_main_grads``:
@@ -137,16 +135,13 @@ def single_gpu_optimizer_s(cost: CostModel, scenario: Scenario, params: float) -
     return cost.op_time_s(elementwise("opt", params * OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)], "fp32"))
 
 
-GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 2}
-
-
 def main_grad_bytes(precision: str, ks: KernelSet, grad_reduce_dtype: str = "auto") -> int:
     """Bytes per gradient element as accumulated and reduced: Megatron keeps bf16 models' gradients in an
     fp32 main_grad buffer (megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16) unless
     the scenario says otherwise (``training.grad_reduce_dtype``: Megatron-Core's --grad-reduce-in-bf16,
     apex DistributedFusedAdam's grad_sync_dtype)."""
     if grad_reduce_dtype != "auto":
-        return GRAD_REDUCE_BYTES[grad_reduce_dtype]
+        return DTYPE_BYTES[grad_reduce_dtype]
     if ks.grad_reduce_fp32 and precision in ("bf16", "fp8"):  # fp16 keeps fp16 grads (loss scaling)
         return 4
     return grad_elem_bytes(precision)
@@ -154,7 +149,7 @@ def main_grad_bytes(precision: str, ks: KernelSet, grad_reduce_dtype: str = "aut
 
 def optimizer_state_bytes(optimizer_state_dtype: str) -> int:
     """Element size of the optimizer's state (``training.optimizer_state_dtype``)."""
-    return 2 if optimizer_state_dtype == "bf16" else 4
+    return DTYPE_BYTES[optimizer_state_dtype]
 
 
 def kernel_set(scenario: Scenario) -> KernelSet:
@@ -171,7 +166,7 @@ def reduced_grad_bytes(scenario: Scenario) -> int:
     if scenario.model.kind == "transformer":
         return main_grad_bytes(tr.precision, KERNEL_SETS[tr.kernels], tr.grad_reduce_dtype)
     if tr.grad_reduce_dtype != "auto":
-        return GRAD_REDUCE_BYTES[tr.grad_reduce_dtype]
+        return DTYPE_BYTES[tr.grad_reduce_dtype]
     return grad_elem_bytes(tr.precision)
 
 
@@ -311,8 +306,7 @@ def megatron_optimizer(cost: CostModel, *, precision: str, optimizer: str, param
     else:
         grad_read = 4 if gbytes < 4 else gbytes  # 16-bit gradients are copied to fp32 first (below)
         opt_ops = [elementwise("fused adam", shard * fused_adam_bytes(state_bytes, grad_read), "fp32"),
-                   elementwise("copy params to 16-bit",
-                               shard * (COPY_TO_16BIT_BYTES_PER_PARAM - 4 + state_bytes), "fp32"),
+                   elementwise("copy params to 16-bit", shard * (state_bytes + 2), "fp32"),  # read master, write 2
                    elementwise("zero main_grad", grads * gbytes, "fp32")]
     # The norm covers the gradients this rank owns after the reduction: with a sharded optimizer
     # (Megatron's distributed optimizer, get_main_grads_for_grad_norm; DeepSpeed's ZeRO partitions) its

@@ -193,16 +193,9 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     backward_weight = (tf._wgrad(down), tf._wgrad(up), *shared_w, tf._wgrad(router), tf._wgrad(attn_out),
                        tf._wgrad(qkv))
     if dtype == "fp8":
-        sp_tp = t if sp else 1
-        forward = tf._with_fp8_casts(forward, fp8_recipe, sp_tp=sp_tp)
-        backward_input = tf._with_fp8_casts(backward_input, fp8_recipe, sp_tp=sp_tp)
-        if sp:  # the weight gradients of the gathered inputs read their transposed fp8 copies
-            backward_weight = tuple(op for w in backward_weight
-                                    for op in ((tf._fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
+        forward, backward_input, backward_weight = tf.fp8_layer(forward, backward_input, backward_weight,
+                                                                fp8_recipe, sp_tp=t if sp else 1)
     return tf.LayerOps(forward=forward, backward_input=backward_input, backward_weight=backward_weight)
-
-
-_GATHERED_WGRADS = frozenset({"qkv.wgrad", "shared_up.wgrad"})  # inputs all-gathered under SP
 
 
 def model_flops_per_iteration(d: tf.TransformerDims, moe: MoESpec, global_batch: int) -> float:

@@ -359,6 +359,7 @@ def rope_ops(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[Op, Op
     return (elementwise("rope", nbytes, act, flops=3.0 * rotated),
             elementwise("rope.bwd", nbytes, act, flops=3.0 * rotated))
 
+
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
@@ -487,11 +488,8 @@ def layer_ops(
             attn=(norm2_b, add1_b, _dgrad(attn_out), _wgrad(attn_out), *core_b), qkv=qkv, last=(norm1_b,))
         backward_weight = ()
     if dtype == "fp8":
-        forward = _with_fp8_casts(forward, fp8_recipe, sp_tp=t if sp else 1)
-        backward_input = _with_fp8_casts(backward_input, fp8_recipe, sp_tp=t if sp else 1)
-        if sp:  # a split-backward schedule's W pass transposes the gathered inputs of qkv and the MLP's up
-            backward_weight = tuple(op for w in backward_weight
-                                    for op in ((_fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
+        forward, backward_input, backward_weight = fp8_layer(forward, backward_input, backward_weight,
+                                                             fp8_recipe, sp_tp=t if sp else 1)
     if tp_comm_overlap and sp:
         forward = _userbuffers(forward, t, forward=True)
         backward_input = _userbuffers(backward_input, t, forward=False)
@@ -588,7 +586,9 @@ _FP8_OF_STORAGE = DTYPE_BYTES["fp8"] / DTYPE_BYTES[storage_dtype("fp8")]  # 1 of
 _AMAX_BYTES = 4  # one fp32 amax, max-reduced over the TP group (current scaling, sequence parallel)
 FP8_RECIPES = ("delayed", "current")  # training.fp8_recipe
 # Weight gradients whose input was all-gathered (sequence parallelism): the column-parallel linears'.
-_GATHERED_WGRADS = frozenset({"qkv.wgrad", "mlp_up.wgrad", "mlp_gate_up.wgrad"})
+# Weight gradients whose inputs are all-gathered under sequence parallelism (dense layers; a MoE layer's
+# shared expert): they read a transposed fp8 copy of the gathered input.
+_GATHERED_WGRADS = frozenset({"qkv.wgrad", "mlp_up.wgrad", "mlp_gate_up.wgrad", "shared_up.wgrad"})
 
 
 def _fp8_gemm_input(op: Op) -> bool:
@@ -620,6 +620,20 @@ def _fp8_transpose(op: Op) -> Op:
     for a gathered gradient, its input-gradient GEMM) first needs it: of ``op``'s k×m operand."""
     elems = _input_elems(op)
     return elementwise("fp8 transpose", elems * _FP8_TRANSPOSE_BYTES_PER_ELEM, "fp8", flops=0.0)
+
+
+def fp8_layer(forward: tuple[Segment, ...], backward_input: tuple[Segment, ...], backward_weight: tuple[Op, ...],
+              recipe: str, sp_tp: int) -> tuple[tuple[Segment, ...], tuple[Segment, ...], tuple[Op, ...]]:
+    """A layer's ops as Transformer Engine runs them in fp8 (dense and MoE layers alike): the casts of the
+    GEMM inputs in forward and backward (``_with_fp8_casts``), and under sequence parallelism
+    (``sp_tp`` > 1) the transposed copy of each gathered input before its weight gradient in
+    ``backward_weight`` (the W pass of a split backward)."""
+    forward = _with_fp8_casts(forward, recipe, sp_tp=sp_tp)
+    backward_input = _with_fp8_casts(backward_input, recipe, sp_tp=sp_tp)
+    if sp_tp > 1:
+        backward_weight = tuple(op for w in backward_weight
+                                for op in ((_fp8_transpose(w), w) if w.name in _GATHERED_WGRADS else (w,)))
+    return forward, backward_input, backward_weight
 
 
 def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_tp: int = 1) -> tuple[Segment, ...]:

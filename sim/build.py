@@ -269,7 +269,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
                  workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes, **fsdp_kernels(layer_params))
     emb = tf.embedding_ops(dl, **kw)
-    head = tf.head_ops(dl, **kw, persistent_norm=pnorm, fused_ce=ks.fused_cross_entropy)
+    head = tf.head_ops(dl, **kw, persistent_norm=pnorm, fused_ce=ks.fused_cross_entropy,
+                       ce_kernel=ks.cross_entropy_kernel)
     emb_params = tf.embedding_params(d) / t
     vsn = par.pipeline * par.virtual_stages
     head_params = tf.head_params(d, emb_params, vsn)

@@ -212,7 +212,10 @@ def test_fusion_shorthand_partial_mapping_and_bad_keys():
 def test_unfused_cross_entropy_moves_megatrons_passes_over_the_fp32_logits():
     """Megatron-LM's loss before Megatron-Core's fusion: logits.float() (2 + 4 bytes per logit), max (4),
     subtract (8), exp (8), sum (4), divide (8) forward; mul_ (8) and the cast back (4 + 2) backward.
-    The 2021/2022 Megatron sets and Megatron-DeepSpeed run it; Transformer Engine's (NeMo) the fused one."""
+    The 2021/2022 Megatron sets and Megatron-DeepSpeed run it; Transformer Engine's (NeMo) the fused one,
+    Megatron-Core's four torch.compile'd steps: cast + max (2 + 4), exp-sum into a fresh buffer (4 + 4) and
+    its copy back (4 + 4), divide (4 + 4); backward the scatter's copy (4 + 4), then read 4, write the
+    mutated softmax 4 and the bf16 gradient 2."""
     from sim.workload.transformer import head_ops
 
     b, t = 2, 4
@@ -228,8 +231,29 @@ def test_unfused_cross_entropy_moves_megatrons_passes_over_the_fp32_logits():
     small = tokens * (8 + 2 + 4) + 4 * tokens * 4  # target gather and the per-token loss, both alike
     assert ce_bytes(eager, False) == n * 38 + 2 * tokens * 4 + small  # max and sum write one fp32 per token
     assert ce_bytes(eager, True) == n * 14
-    assert ce_bytes(fused, False) == n * 8 + tokens * 4 + small
-    assert ce_bytes(fused, True) == n * 6
+    assert ce_bytes(fused, False) == n * 30 + 2 * tokens * 4 + small
+    assert ce_bytes(fused, True) == n * 18
     assert not KERNEL_SETS["megatron-lm-2021"].fused_cross_entropy
     assert not KERNEL_SETS["megatron-deepspeed-2022"].fused_cross_entropy
     assert KERNEL_SETS["transformer-engine"].fused_cross_entropy
+
+
+def test_xentropy_loss_reads_the_logits_twice_forward_and_once_backward():
+    """flash-attn's fused CUDA cross-entropy (llm-foundry's default loss_fn): forward one block per token
+    reads the bf16 logits for max and sum, then again for the exponent sum (2 + 2 bytes per logit) and
+    writes the loss and log-sum-exp (4 + 4 per token, beside the 8-byte label); backward reads the logits
+    and writes the gradient (2 + 2). Far below Megatron-Core's compiled loss (30 + 18)."""
+    from sim.workload.transformer import head_ops
+
+    b, t = 2, 1
+    kw = dict(micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16")
+    n, tokens = b * D.seq_len * D.vocab, b * D.seq_len
+    lo = head_ops(D, **kw, ce_kernel="xentropy")
+    ops = {op.name: op for s in (*lo.forward, *lo.backward_input) for op in s.ops}
+    assert ops["ce xentropy"].bytes == 4 * n + tokens * (8 + 4 + 4)
+    assert ops["ce xentropy.bwd"].bytes == 4 * n
+    assert not any(name.startswith("ce_") for name in ops)
+    assert KERNEL_SETS["pytorch-fsdp-2023"].cross_entropy_kernel == "xentropy"
+    assert KERNEL_SETS["transformer-engine"].cross_entropy_kernel == "megatron-core"
+    with pytest.raises(ValueError, match="cross-entropy kernel"):
+        head_ops(D, **kw, ce_kernel="liger")

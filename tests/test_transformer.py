@@ -222,8 +222,10 @@ def test_head_logits_flops_and_cross_entropy_all_reduces():
     ops = head_ops(GPT, micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16")
     logits = _by_name(ops)["logits"]
     assert logits.flops * t == pytest.approx(2 * b * s * h * v)
-    small = [seg for seg in ops.forward if seg.comm == "all_reduce"]
-    assert len(small) == 3 and all(seg.comm_bytes == b * s * 4 for seg in small)
+    small = [seg.comm_bytes for seg in ops.forward if seg.comm == "all_reduce"]
+    assert small == [b * s * 4, 2 * b * s * 4]  # the max; the target logit and the exp-sum, packed (fused loss)
+    eager = head_ops(GPT, micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16", fused_ce=False)
+    assert [seg.comm_bytes for seg in eager.forward if seg.comm == "all_reduce"] == [b * s * 4] * 3
     assert _comms(ops.backward_input) == ["all_reduce", None]
     assert ops.backward_input[0].comm_bytes == b * s * h * 2
     assert ops.backward_weight[0].flops == pytest.approx(logits.flops)

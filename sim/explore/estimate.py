@@ -283,7 +283,8 @@ class Estimator:
             recompute = ()
         emb = tf.embedding_ops(d, **kw)
         head = tf.head_ops(d, **kw, persistent_norm=persistent_norm(ks, self.training.norm_kernel, d.hidden),
-                           fused_ce=ks.fused_cross_entropy)
+                           fused_ce=ks.fused_cross_entropy,
+                           ce_kernel=ks.cross_entropy_kernel)
         emb_params = tf.embedding_params(d) / t
         emb_blocks = (blocks(cost, emb.forward, host_s=host) + blocks(cost, emb.backward_input, host_s=host)
                       + op_block(cost, "wgrad", emb.backward_weight, host)

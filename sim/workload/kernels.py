@@ -145,6 +145,10 @@ class KernelSet:
     # which NeMo's and Megatron-Bridge's GPT configs turn on) or, before it, the fp32 cast of the logits and
     # five passes over them (sim.workload.transformer.head_ops).
     fused_cross_entropy: bool = True
+    # Which fused loss: "megatron-core" (the torch.compile'd steps above) or "xentropy" (flash-attn's CUDA
+    # cross-entropy, apex's xentropy kernel: two reads of the 16-bit logits forward, one read and one write
+    # backward; llm-foundry's default loss_fn fused_crossentropy).
+    cross_entropy_kernel: str = "megatron-core"
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -192,7 +196,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="pytorch-fsdp-2023", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=False, grad_reduce_fp32=False, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, norm_kernel="framework", optimizer_impl="unfused",
-            clip_always_scales=True, fsdp_flat_param=True,
+            clip_always_scales=True, fsdp_flat_param=True, cross_entropy_kernel="xentropy",
             # standard attention in eager torch (llm-foundry's attn_impl torch): no fused softmax, and
             # autocast runs torch.softmax in fp32 (priced as Megatron's fp32 fallback)
             masked_softmax_fusion=False,

@@ -746,9 +746,12 @@ def embedding_ops(
     )
 
 
+CE_KERNELS = ("megatron-core", "xentropy")  # the fused losses head_ops prices (KernelSet.cross_entropy_kernel)
+
+
 def head_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
-    persistent_norm: bool = False, fused_ce: bool = True,
+    persistent_norm: bool = False, fused_ce: bool = True, ce_kernel: str = "megatron-core",
 ) -> LayerOps:
     """Final norm, vocab-parallel logits GEMM (2bshV/t) and vocab-parallel cross-entropy.
 
@@ -762,9 +765,28 @@ def head_ops(
     cross_entropy.py) takes the max (read 4 bytes per logit), subtracts it in place (4 + 4), exponentiates
     in place (4 + 4), sums (4) and divides by the sum in place (4 + 4) to keep the softmax for backward,
     whose ``grad_input.mul_(grad_output)`` reads and writes it once more before autograd casts the gradient
-    back to 16 bits: 6 + 4 + 8 + 8 + 4 + 8 = 38 bytes per logit forward, 8 + 6 = 14 backward. Fused
-    (the default): the max and the exponent-sum passes read the 16-bit logits and write the fp32 softmax
-    (8 bytes), the backward reads it and writes the 16-bit gradient (6).
+    back to 16 bits: 6 + 4 + 8 + 8 + 4 + 8 = 38 bytes per logit forward, 8 + 6 = 14 backward.
+
+    Fused (the default; Megatron-Core's ``cross_entropy_loss_fusion``, megatron/core/fusions/
+    fused_cross_entropy.py from core_r0.8.0, June 2024, the same four steps through 2026): four functions
+    compiled by ``jit_fuser`` (``torch.compile`` from PyTorch 2.2), each a pass over the logits.
+    ``calculate_logits_max`` casts to fp32 and takes the max in one kernel (read 2, write 4);
+    ``calculate_predicted_logits`` subtracts the max and exponentiates in place and sums the rows;
+    ``calculate_cross_entropy_loss`` divides by the sum in place (4 + 4); backward, ``calculate_gradients``
+    subtracts one at each target (a scatter), multiplies by the output gradient in place and casts to bf16.
+    Under torch.compile an input mutated in a graph that also reduces over it or scatters into it is
+    computed into a fresh logits-sized buffer and copied back (Megatron-Core's own note on in-place
+    semantics in the later revision of fused_cross_entropy.py that splits those steps, NVIDIA/Megatron-LM
+    0cb4a9c: "a full logits-sized transient allocation plus an extra read/write pass"). So the exponent-sum
+    pass moves 4 + 4 and its copy back 4 + 4, and the gradient's scatter first copies the softmax (4 + 4),
+    then one kernel reads it (4) and writes the mutated softmax (4) and the 16-bit gradient (2):
+    6 + 16 + 8 = 30 bytes per logit forward, 8 + 10 = 18 backward. The target logit and the sum travel in
+    one all-reduce (``torch.cat`` of both), the max in another.
+
+    ``ce_kernel`` "xentropy" (with ``fused_ce``): flash-attn's fused CUDA cross-entropy (csrc/xentropy,
+    apex's kernel), llm-foundry's default loss: one block per token reads the 16-bit logits twice forward
+    (max and sum, then the exponent sum) and writes the loss and log-sum-exp; backward reads them once
+    and writes the gradient: 2 + 2 bytes per logit forward, 2 + 2 backward.
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -783,23 +805,32 @@ def head_ops(
     # Megatron-Core's output layer is its own ColumnParallelLinear, not a Transformer Engine module
     # (megatron/core/models/gpt/gpt_model.py), so fp8_autocast leaves it in the 16-bit dtype.
     logits = gemm("logits", tokens, v_t, h, act)
-    ce_max = elementwise("ce_max", tokens * v_t * e + tokens * _FP32_BYTES, act, flops=float(tokens * v_t))
-    ce_target = elementwise("ce_target", tokens * (_TOKEN_ID_BYTES + e + _FP32_BYTES), act)
-    # Subtract max, exponentiate, sum; keep fp32 softmax for backward.
-    ce_sum_exp = elementwise("ce_sum_exp", tokens * v_t * (e + _FP32_BYTES), act, flops=4.0 * tokens * v_t)
-    ce_loss = elementwise("ce_loss", 4 * tokens * _FP32_BYTES, act, flops=4.0 * tokens)
-    ce = (
-        _seg((ce_target,), small_comm, small),
-        _seg((ce_sum_exp,), small_comm, small),
-        _seg((ce_loss,), None, 0.0),
-    )
-    ce_b = elementwise("ce.bwd", tokens * v_t * (_FP32_BYTES + e), act, flops=2.0 * tokens * v_t)
-    ce_bwd: tuple[Op, ...] = (ce_b,)
-    if not fused_ce:
-        n, f = tokens * v_t, _FP32_BYTES
-        ce_max = elementwise("ce_max", n * f + tokens * f, act, flops=float(n))
-        ce_cast: tuple[Op, ...] = (elementwise("logits.float", n * (e + f), act),) if e != f else ()
-        ce_max_ops = (*ce_cast, ce_max)
+    n, f = tokens * v_t, _FP32_BYTES
+    ce_target = elementwise("ce_target", tokens * (_TOKEN_ID_BYTES + e + f), act)
+    ce_loss = elementwise("ce_loss", 4 * tokens * f, act, flops=4.0 * tokens)
+    ce_cast = n * e + (n * f if e != f else 0)  # x.float(): read the 16-bit logits, write fp32 (fp32: no copy)
+    ce: tuple[Segment, ...]
+    ce_max_ops: tuple[Op, ...]
+    ce_bwd: tuple[Op, ...]
+    if ce_kernel not in CE_KERNELS:
+        raise ValueError(f"unknown cross-entropy kernel {ce_kernel!r}")
+    if fused_ce and ce_kernel == "xentropy":
+        ce_max_ops = (elementwise("ce xentropy", 2 * n * e + tokens * (_TOKEN_ID_BYTES + 2 * f), act,
+                                  flops=5.0 * n),)
+        ce = ()  # under tensor parallelism the per-rank log-sum-exps meet in the small all-reduce after it
+        ce_bwd = (elementwise("ce xentropy.bwd", 2 * n * e, act, flops=2.0 * n),)
+    elif fused_ce:
+        ce_max_ops = (elementwise("ce_max", ce_cast + tokens * f, act, flops=float(n)),)
+        ce = (
+            _seg((ce_target, elementwise("ce_sum_exp", 2 * n * f + tokens * f, act, flops=4.0 * n),
+                  elementwise("ce_sum_exp copy-back", 2 * n * f, act)), small_comm, 2 * small),
+            _seg((elementwise("ce_div", 2 * n * f, act, flops=float(n)), ce_loss), None, 0.0),
+        )
+        ce_bwd = (elementwise("ce.bwd scatter copy", 2 * n * f, act),
+                  elementwise("ce.bwd", n * (2 * f + e), act, flops=2.0 * n))
+    else:
+        ce_max_ops = (*((elementwise("logits.float", ce_cast, act),) if e != f else ()),
+                      elementwise("ce_max", n * f + tokens * f, act, flops=float(n)))
         ce = (
             _seg((elementwise("ce_sub_max", 2 * n * f, act, flops=float(n)), ce_target), small_comm, small),
             _seg((elementwise("ce_exp", 2 * n * f, act, flops=4.0 * n),
@@ -808,8 +839,6 @@ def head_ops(
         )
         ce_bwd = (elementwise("ce.bwd", 2 * n * f, act, flops=float(n)),
                   *((elementwise("logits.float.bwd", n * (f + e), act),) if e != f else ()))
-    else:
-        ce_max_ops = (ce_max,)
     forward: tuple[Segment, ...]
     if sp:
         forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, *ce_max_ops), small_comm, small), *ce)

@@ -254,6 +254,31 @@ def test_xentropy_loss_reads_the_logits_twice_forward_and_once_backward():
     assert ops["ce xentropy.bwd"].bytes == 4 * n
     assert not any(name.startswith("ce_") for name in ops)
     assert KERNEL_SETS["pytorch-fsdp-2023"].cross_entropy_kernel == "xentropy"
-    assert KERNEL_SETS["transformer-engine"].cross_entropy_kernel == "megatron-core"
+    assert KERNEL_SETS["transformer-engine"].cross_entropy_kernel == "native"
     with pytest.raises(ValueError, match="cross-entropy kernel"):
         head_ops(D, **kw, ce_kernel="liger")
+
+
+def test_te_triton_loss_moves_ten_bytes_per_logit_and_the_scenario_key_selects_it():
+    """Transformer Engine's Triton cross-entropy (v2.9): online softmax reads the bf16 logits (2), the
+    loss kernel reads them again and writes the gradient in place (2 + 2); backward scales it (2 + 2).
+    training.cross_entropy_kernel te selects it under any kernel set; auto keeps the set's own."""
+    from sim.training.step_work import kernel_set
+    from sim.workload.transformer import head_ops
+
+    b, t = 1, 2
+    kw = dict(micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16")
+    n, tokens = b * D.seq_len * (D.vocab // t), b * D.seq_len
+    lo = head_ops(D, **kw, ce_kernel="te")
+    ops = {op.name: op for s in (*lo.forward, *lo.backward_input) for op in s.ops}
+    assert ops["ce te online_softmax"].bytes == 2 * n + tokens * (8 + 3 * 4)
+    assert ops["ce te loss+grad"].bytes == 4 * n + tokens * 4 * 4
+    assert ops["ce te grad scale"].bytes == 4 * n
+    assert [s.comm for s in lo.forward].count("all_reduce") == 1  # the per-token statistics, once
+    assert kernel_set(scenario_from_dict(_gpt(kernels="transformer-engine"))).cross_entropy_kernel == "native"
+    te = scenario_from_dict({**_gpt(kernels="transformer-engine"),
+                             "training": {**_gpt(kernels="transformer-engine")["training"],
+                                          "cross_entropy_kernel": "te"}})
+    assert kernel_set(te).cross_entropy_kernel == "te"
+    with pytest.raises(ScenarioError, match="cross_entropy_kernel"):
+        scenario_from_dict({**_gpt(), "training": {**_gpt()["training"], "cross_entropy_kernel": "liger"}})

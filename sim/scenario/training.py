@@ -8,8 +8,10 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.memory import OPTIMIZERS
 from sim.scenario.base import PRECISIONS, RuleError, _Strict, show
-from sim.workload.kernels import DEFAULT_KERNEL_SET, FUSIONS, KERNEL_SET_NAMES, NORM_KERNELS
+from sim.workload.kernels import CE_KERNELS, DEFAULT_KERNEL_SET, FUSIONS, KERNEL_SET_NAMES, NORM_KERNELS
 from sim.workload.transformer import CHECKPOINTING_KINDS, FP8_RECIPES
+
+CE_KERNEL_CHOICES = ("auto", *CE_KERNELS)  # training.cross_entropy_kernel
 
 
 class LossScaling(_Strict):
@@ -144,6 +146,12 @@ class Training(_Strict):
     fusion: Fusion = Field(
         Fusion(), description="true | false | {bias_gelu, bias_dropout_add, masked_softmax, cross_entropy}: Megatron's fusions, "
         "each true or false (false alone: all off); unset keys: what training.kernels ran",
+    )
+    cross_entropy_kernel: Literal[CE_KERNEL_CHOICES] = Field(  # type: ignore[valid-type]
+        "auto", description="the fused loss (fusion.cross_entropy on): auto (what training.kernels ran), native "
+        "(Megatron-Core's torch.compile'd vocab-parallel cross-entropy, its cross_entropy_fusion_impl default), "
+        "te (Transformer Engine's Triton cross-entropy, cross_entropy_fusion_impl te, as Megatron-Bridge's "
+        "recipes set it) or xentropy (flash-attn's fused CUDA cross-entropy, llm-foundry's default loss)",
     )
     norm_kernel: Literal[NORM_KERNELS] = Field(  # type: ignore[valid-type]
         "auto", description="the LayerNorm/RMSNorm kernels: auto (what training.kernels ran: apex's affine "

@@ -154,9 +154,11 @@ def optimizer_state_bytes(optimizer_state_dtype: str) -> int:
 
 def kernel_set(scenario: Scenario) -> KernelSet:
     """The scenario's kernel set with its own switches applied (``training.fusion``,
-    ``parallel.scatter_gather``): what the simulation and the plan screen both price."""
+    ``parallel.scatter_gather``, ``training.cross_entropy_kernel``): what the simulation and the plan screen
+    both price."""
     par, tr = scenario.require_training()
-    return with_overrides(KERNEL_SETS[tr.kernels], tr.fusion.model_dump(), par.scatter_gather)
+    return with_overrides(KERNEL_SETS[tr.kernels], tr.fusion.model_dump(), par.scatter_gather,
+                          tr.cross_entropy_kernel)
 
 
 def reduced_grad_bytes(scenario: Scenario) -> int:

@@ -145,10 +145,10 @@ class KernelSet:
     # which NeMo's and Megatron-Bridge's GPT configs turn on) or, before it, the fp32 cast of the logits and
     # five passes over them (sim.workload.transformer.head_ops).
     fused_cross_entropy: bool = True
-    # Which fused loss: "megatron-core" (the torch.compile'd steps above) or "xentropy" (flash-attn's CUDA
-    # cross-entropy, apex's xentropy kernel: two reads of the 16-bit logits forward, one read and one write
-    # backward; llm-foundry's default loss_fn fused_crossentropy).
-    cross_entropy_kernel: str = "megatron-core"
+    # Which fused loss (sim.workload.transformer.head_ops): "native" (Megatron-Core's torch.compile'd steps,
+    # its cross_entropy_fusion_impl default), "te" (Transformer Engine's Triton kernels, which Megatron-Bridge's
+    # recipes select) or "xentropy" (flash-attn's CUDA kernel, llm-foundry's default loss_fn).
+    cross_entropy_kernel: str = "native"
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -220,17 +220,20 @@ def megatron_bucket_params(data_parallel: int) -> int:
     return max(40_000_000, 1_000_000 * data_parallel)
 DEFAULT_KERNEL_SET = "transformer-engine"
 FUSIONS = ("bias_gelu", "bias_dropout_add", "masked_softmax", "cross_entropy")  # training.fusion's keys
+CE_KERNELS = ("native", "te", "xentropy")  # KernelSet.cross_entropy_kernel, training.cross_entropy_kernel
 
 
 def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
-                   scatter_gather: bool | None = None) -> KernelSet:
-    """The kernel set as the scenario ran it: ``training.fusion``'s switches (None keeps the set's own)
-    and ``parallel.scatter_gather``."""
+                   scatter_gather: bool | None = None, cross_entropy_kernel: str = "auto") -> KernelSet:
+    """The kernel set as the scenario ran it: ``training.fusion``'s switches (None keeps the set's own),
+    ``parallel.scatter_gather`` and ``training.cross_entropy_kernel`` ("auto" keeps the set's own)."""
     fields = {"bias_gelu": "bias_gelu_fusion", "bias_dropout_add": "bias_dropout_fusion",
               "masked_softmax": "masked_softmax_fusion", "cross_entropy": "fused_cross_entropy"}
     changes: dict[str, Any] = {fields[k]: v for k, v in (fusion or {}).items() if v is not None}
     if scatter_gather is not None:
         changes["scatter_gather_p2p"] = scatter_gather
+    if cross_entropy_kernel != "auto":
+        changes["cross_entropy_kernel"] = cross_entropy_kernel
     return replace(ks, **changes) if changes else ks
 
 

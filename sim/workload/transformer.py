@@ -39,6 +39,7 @@ from sim.workload.attention import (  # is_attention_core: re-exported for build
     is_attention_core,  # noqa: F401
     standard_attention,
 )
+from sim.workload.kernels import CE_KERNELS
 from sim.workload.ops import (
     DROPOUT,
     GEMM,
@@ -746,12 +747,9 @@ def embedding_ops(
     )
 
 
-CE_KERNELS = ("megatron-core", "xentropy")  # the fused losses head_ops prices (KernelSet.cross_entropy_kernel)
-
-
 def head_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
-    persistent_norm: bool = False, fused_ce: bool = True, ce_kernel: str = "megatron-core",
+    persistent_norm: bool = False, fused_ce: bool = True, ce_kernel: str = "native",
 ) -> LayerOps:
     """Final norm, vocab-parallel logits GEMM (2bshV/t) and vocab-parallel cross-entropy.
 
@@ -767,7 +765,7 @@ def head_ops(
     whose ``grad_input.mul_(grad_output)`` reads and writes it once more before autograd casts the gradient
     back to 16 bits: 6 + 4 + 8 + 8 + 4 + 8 = 38 bytes per logit forward, 8 + 6 = 14 backward.
 
-    Fused (the default; Megatron-Core's ``cross_entropy_loss_fusion``, megatron/core/fusions/
+    Fused, ``ce_kernel`` "native" (the default; Megatron-Core's ``cross_entropy_loss_fusion``, megatron/core/fusions/
     fused_cross_entropy.py from core_r0.8.0, June 2024, the same four steps through 2026): four functions
     compiled by ``jit_fuser`` (``torch.compile`` from PyTorch 2.2), each a pass over the logits.
     ``calculate_logits_max`` casts to fp32 and takes the max in one kernel (read 2, write 4);
@@ -787,6 +785,13 @@ def head_ops(
     apex's kernel), llm-foundry's default loss: one block per token reads the 16-bit logits twice forward
     (max and sum, then the exponent sum) and writes the loss and log-sum-exp; backward reads them once
     and writes the gradient: 2 + 2 bytes per logit forward, 2 + 2 backward.
+
+    ``ce_kernel`` "te": Transformer Engine's Triton cross-entropy (transformer_engine/pytorch/triton/
+    cross_entropy.py, v2.9 of October 2025; Megatron-Core's cross_entropy_fusion_impl "te"): an online
+    softmax pass reads the 16-bit logits for each token's max and sum (2), a second kernel reads them again
+    and writes the gradient over them in place (2 + 2); backward ``element_mul_kernel`` scales it by the
+    per-token output gradient (2 + 2): 6 bytes per logit forward, 4 backward, nothing in fp32. Under tensor
+    parallelism the ranks' (max, sum, target logit) per token are all-gathered between the two kernels.
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -814,7 +819,12 @@ def head_ops(
     ce_bwd: tuple[Op, ...]
     if ce_kernel not in CE_KERNELS:
         raise ValueError(f"unknown cross-entropy kernel {ce_kernel!r}")
-    if fused_ce and ce_kernel == "xentropy":
+    if fused_ce and ce_kernel == "te":
+        ce_max_ops = (elementwise("ce te online_softmax", n * e + tokens * (_TOKEN_ID_BYTES + 3 * f), act,
+                                  flops=3.0 * n),)
+        ce = (_seg((elementwise("ce te loss+grad", 2 * n * e + tokens * 4 * f, act, flops=3.0 * n),), None, 0.0),)
+        ce_bwd = (elementwise("ce te grad scale", 2 * n * e, act, flops=float(n)),)
+    elif fused_ce and ce_kernel == "xentropy":
         ce_max_ops = (elementwise("ce xentropy", 2 * n * e + tokens * (_TOKEN_ID_BYTES + 2 * f), act,
                                   flops=5.0 * n),)
         ce = ()  # under tensor parallelism the per-rank log-sum-exps meet in the small all-reduce after it

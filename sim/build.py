@@ -197,6 +197,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     b, t, sp, dtype = tr.micro_batch, par.tensor, par.sequence_parallel and par.tensor > 1, tr.precision
     ck = tr.checkpointing
     ks = sw.kernel_set(scenario)
+    loss_bytes = tf.loss_memory_bytes_per_logit(ks.fused_cross_entropy, ks.cross_entropy_kernel, dtype)
     act_dtype = storage_dtype(dtype)
     ebytes = DTYPE_BYTES[act_dtype]
     gbytes = sw.reduced_grad_bytes(scenario)  # the same bytes sim.budget counts
@@ -297,7 +298,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         for i in ids:
             works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
         if vs == vsn - 1:
-            logits_act = b * seq * math.ceil(m.vocab / t) * 4  # fp32 logits kept for the loss
+            logits, (kept, extra) = b * seq * math.ceil(m.vocab / t), loss_bytes
             works.append(LayerWork("head", sw.blocks(cost, head.forward, host_s=host),
                                    sw.blocks(cost, head.backward_input, host_s=host),
                                    sw.weight_blocks(cost, head.backward_weight, emb_params, ks, gbytes, ebytes,
@@ -305,7 +306,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                    grad_bytes=head_params * gbytes, param_bytes=head_params * ebytes,
                                    # the logits' gradient lives while the head's backward runs: the
                                    # counter track holds the "logits + their gradient" of the analytic peak
-                                   activation_bytes=logits_act, workspace_bytes=logits_act,
+                                   activation_bytes=logits * kept, workspace_bytes=logits * extra,
                                    **fsdp_kernels(head_params)))
         chunks.append(ChunkWork(tuple(works), send_bytes=send if vsn > 1 else 0.0))
     info = JobInfo(tokens_per_sample=m.seq_len)
@@ -334,7 +335,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         if s == 0:
             acts += inflight * b * seq * m.hidden * ebytes
         if s == par.pipeline - 1:
-            acts += b * seq * math.ceil(m.vocab / t) * 4 * 2  # logits + their gradient (fp32)
+            acts += b * seq * math.ceil(m.vocab / t) * sum(loss_bytes)  # the loss's logits at its peak
         act_by_stage.append(acts)
         # Buffers: the DDP gradient bucket being reduced (ZeRO-3: two layers' gathered weights, the one in
         # use and the one prefetched; ``layer_params`` is already the whole layer of this TP rank, so the

@@ -282,3 +282,23 @@ def test_te_triton_loss_moves_ten_bytes_per_logit_and_the_scenario_key_selects_i
     assert kernel_set(te).cross_entropy_kernel == "te"
     with pytest.raises(ScenarioError, match="cross_entropy_kernel"):
         scenario_from_dict({**_gpt(), "training": {**_gpt()["training"], "cross_entropy_kernel": "liger"}})
+
+
+def test_loss_memory_follows_the_loss_kernel():
+    """The last stage's analytic peak holds the loss's logits as its kernels keep them: Megatron-Core's
+    compiled loss 4 kept + 6 at its peak (the fresh fp32 buffer and the 16-bit logits), Transformer
+    Engine's Triton loss only the 16-bit logits (2, the gradient written over them): 8 bytes per logit
+    apart, for b·s·V/t logits."""
+    from sim.build import build_job, cost_model_for
+
+    def peak(kernel: str) -> float:
+        d = _gpt(kernels="transformer-engine")
+        d["training"]["cross_entropy_kernel"] = kernel
+        sc = scenario_from_dict(d)
+        _, info = build_job(sc, cost_model_for(sc))
+        return info.memory_by_stage[-1]["peak"]
+
+    d = _gpt()["model"]
+    logits = 1 * d["seq_len"] * d["vocab"]  # micro-batch 1, tensor 1
+    assert peak("native") - peak("te") == pytest.approx(8 * logits)
+    assert peak("xentropy") - peak("te") == pytest.approx(2 * logits)

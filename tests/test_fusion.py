@@ -274,7 +274,8 @@ def test_te_triton_loss_moves_ten_bytes_per_logit_and_the_scenario_key_selects_i
     assert ops["ce te online_softmax"].bytes == 2 * n + tokens * (8 + 3 * 4)
     assert ops["ce te loss+grad"].bytes == 4 * n + tokens * 4 * 4
     assert ops["ce te grad scale"].bytes == 4 * n
-    assert [s.comm for s in lo.forward].count("all_reduce") == 1  # the per-token statistics, once
+    stats = [(s.comm, s.comm_bytes) for s in lo.forward if s.comm]
+    assert stats == [("all_gather", 3 * 4 * tokens * t)]  # (max, sum, target logit) per token, every rank
     assert kernel_set(scenario_from_dict(_gpt(kernels="transformer-engine"))).cross_entropy_kernel == "native"
     te = scenario_from_dict({**_gpt(kernels="transformer-engine"),
                              "training": {**_gpt(kernels="transformer-engine")["training"],

@@ -819,7 +819,11 @@ def head_ops(
     ce_bwd: tuple[Op, ...]
     if ce_kernel not in CE_KERNELS:
         raise ValueError(f"unknown cross-entropy kernel {ce_kernel!r}")
+    # the collective after the first pass: the max logit all-reduced, or (te) every rank's per-token
+    # (max, sum, target logit) all-gathered, 3 fp32 values per token from each of the t ranks
+    stat_comm, stat_bytes = small_comm, small
     if fused_ce and ce_kernel == "te":
+        stat_comm, stat_bytes = (ALL_GATHER if t > 1 else None), 3.0 * small * t
         ce_max_ops = (elementwise("ce te online_softmax", n * e + tokens * (_TOKEN_ID_BYTES + 3 * f), act,
                                   flops=3.0 * n),)
         ce = (_seg((elementwise("ce te loss+grad", 2 * n * e + tokens * 4 * f, act, flops=3.0 * n),), None, 0.0),)
@@ -851,9 +855,9 @@ def head_ops(
                   *((elementwise("logits.float.bwd", n * (f + e), act),) if e != f else ()))
     forward: tuple[Segment, ...]
     if sp:
-        forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, *ce_max_ops), small_comm, small), *ce)
+        forward = (_seg((norm,), before_col, comm_bytes), _seg((logits, *ce_max_ops), stat_comm, stat_bytes), *ce)
     else:
-        forward = (_seg((norm, logits, *ce_max_ops), small_comm, small), *ce)
+        forward = (_seg((norm, logits, *ce_max_ops), stat_comm, stat_bytes), *ce)
 
     norm_b = _norm_bwd("final_norm.bwd", local, h, act, residual=False, persistent=persistent_norm)
     backward_input = (

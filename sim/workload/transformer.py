@@ -871,7 +871,7 @@ def loss_memory_bytes_per_logit(fused_ce: bool, ce_kernel: str, dtype: str) -> t
     """Bytes per logit the loss keeps from its forward to its backward, and the extra it holds at its
     peak, by the kernels ``head_ops`` prices. Eager (Megatron's unfused loss): the fp32 softmax is kept (4),
     and the fp32 copy beside the 16-bit logits (forward) or the 16-bit gradient beside the softmax
-    (backward) peaks at 4 more (the 2-byte partner rounded up, as before). native: the fp32 softmax (4)
+    (backward) is bounded by 4 more (the 16-bit partner itself is 2). native: the fp32 softmax (4)
     kept; at its peak the torch.compile'd steps hold the fresh logits-sized fp32 buffer and the 16-bit
     logits (forward) or the scatter's copy and the 16-bit gradient (backward): 6 more. te: nothing but the
     16-bit logits, overwritten by their gradient in place (2, no extra). xentropy: the 16-bit logits (2) and

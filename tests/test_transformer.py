@@ -359,3 +359,28 @@ def test_rotary_positions_run_one_fused_rope_kernel_each_way():
     bwd = [op.name for s in lo.backward_input for op in s.ops]
     assert fwd[fwd.index("qkv") + 1] == "rope" and bwd[bwd.index("qkv.dgrad") - 1] == "rope.bwd"
     assert "rope" not in _by_name(layer_ops(GPT, micro_batch=b, tp=t, sequence_parallel=True, dtype="bf16"))
+
+
+def test_qkv_layout_copies_around_te_attention():
+    """Megatron-Core + Transformer Engine around the fused attention, per GPU (tp 2, 4096 tokens, bf16):
+    GQA copies Q in its reshape (read + write), RoPE leaves V a strided view that TE copies, and backward
+    concatenates dQ, dK, dV; MHA without RoPE (GPT-3) hands TE interleaved views and copies nothing."""
+    from sim.workload.transformer import qkv_layout_copies
+
+    tokens, t, e = 4096, 2, 2
+    llama = TransformerDims(layers=1, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                            seq_len=4096, position="rope")
+    q, kv = tokens * 4096 // t, tokens * 1024 // t
+    fwd, bwd = qkv_layout_copies(llama, tokens, t, "bf16")
+    assert [op.bytes for op in fwd] == [2 * q * e, 2 * kv * e]
+    assert [op.bytes for op in bwd] == [2 * (q + 2 * kv) * e]
+    mha_rope = TransformerDims(layers=1, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096,
+                               position="rope")
+    fwd, bwd = qkv_layout_copies(mha_rope, tokens, t, "bf16")
+    assert [op.name for op in fwd] == ["value contiguous copy"] and bwd[0].bytes == 2 * 3 * q * e
+    assert qkv_layout_copies(GPT, tokens, t, "bf16") == ((), ())
+    # in the layer: only where the kernel set runs TE's attention
+    kw = dict(micro_batch=1, tp=t, sequence_parallel=False, dtype="bf16")
+    names = [op.name for s in layer_ops(llama, **kw, te_qkv_layout=True).forward for op in s.ops]
+    assert names.index("rope") < names.index("value contiguous copy") < names.index("attention")
+    assert "value contiguous copy" not in [op.name for s in layer_ops(llama, **kw).forward for op in s.ops]

@@ -91,11 +91,13 @@ def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp:
 
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
               sequence_parallel: bool, dtype: str, flash_kernel: str = "",
-              persistent_norm: bool = False, fp8_recipe: str = "delayed") -> tf.LayerOps:
+              persistent_norm: bool = False, fp8_recipe: str = "delayed",
+              te_qkv_layout: bool = False) -> tf.LayerOps:
     """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives);
     ``persistent_norm``, ``d.dropout`` and, in fp8, the casts of the GEMM inputs (``fp8_recipe``) as in
-    ``sim.workload.transformer.layer_ops``. The router is a plain linear outside Transformer Engine
-    (Megatron-Core's TopKRouter: ``torch.nn.functional.linear``), so it stays 16-bit under fp8."""
+    ``sim.workload.transformer.layer_ops`` (``te_qkv_layout``: its copies around the fused attention).
+    The router is a plain linear outside Transformer Engine (Megatron-Core's TopKRouter:
+    ``torch.nn.functional.linear``), so it stays 16-bit under fp8."""
     sp = sequence_parallel and tp > 1
     b, h, t = micro_batch, d.hidden, tp
     act = storage_dtype(dtype)
@@ -128,8 +130,9 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     norm1 = tf._norm_fwd("norm1", local, h, act, pn)
     core = flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel)
     rope = tf.rope_ops(d, tokens, t, act)
-    rotate: tuple[Op, ...] = (rope[0],) if rope is not None else ()
-    rotate_b: tuple[Op, ...] = (rope[1],) if rope is not None else ()
+    copies, copies_b = tf.qkv_layout_copies(d, tokens, t, act) if te_qkv_layout else ((), ())
+    rotate: tuple[Op, ...] = ((rope[0],) if rope is not None else ()) + copies
+    rotate_b: tuple[Op, ...] = ((rope[1],) if rope is not None else ()) + copies_b
     add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act, drop)
     norm2 = tf._norm_fwd("norm2", local, h, act, pn)
     mlp_act = tf._activation_fwd(d.mlp, per_expert * local_experts, moe.ffn_hidden, act)

@@ -361,12 +361,41 @@ def rope_ops(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[Op, Op
             elementwise("rope.bwd", nbytes, act, flops=3.0 * rotated))
 
 
+def qkv_layout_copies(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """The copies Megatron-Core's SelfAttention and Transformer Engine's DotProductAttention make around
+    the fused attention (forward, backward), from this GPU's share of the QKV GEMM's interleaved output
+    [s, b, groups, (heads/groups + 2) · head_dim] (megatron/core/transformer/attention.py, core_r0.8.0
+    through core_v0.15.0):
+
+    - with GQA, ``query.reshape(..., -1, head_dim)`` of the query slice cannot be a view: a copy of Q;
+    - with RoPE, the fused rotary kernel returns new Q and K while V stays a strided view of the QKV
+      output, a layout Transformer Engine's ``get_qkv_layout`` does not take (TE 1.8 to 2.x: "not_supported"
+      → ``x.contiguous()`` for q, k and v), so V is copied;
+    - backward, ``SplitAlongDim`` (TE) returns the QKV gradient as a view only when dQ, dK and dV are
+      adjacent views of one buffer, as the fused attention writes them for the interleaved layouts; after
+      RoPE or the GQA reshape they are separate tensors and it ``torch.cat``s them (Megatron-Core's own
+      ``fused_single_qkv_rope``, off by default, exists to "avoid concatenating ROPE dgrads").
+
+    Each copy reads and writes its tensor once. Multi-head attention without RoPE (GPT-3) hands TE the
+    three interleaved views ("sbh3d") and copies nothing."""
+    e = DTYPE_BYTES[act]
+    q, kv = tokens * d.hidden // tp, tokens * d.kv_dim // tp
+    gqa, rope = d.kv_dim < d.hidden, d.position == "rope"
+    fwd: list[Op] = []
+    if gqa:
+        fwd.append(elementwise("query reshape copy", 2 * q * e, act))
+    if rope:
+        fwd.append(elementwise("value contiguous copy", 2 * kv * e, act))
+    bwd = (elementwise("qkv grad cat", 2 * (q + 2 * kv) * e, act),) if gqa or rope else ()
+    return tuple(fwd), bwd
+
+
 def layer_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str,
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
     flash_kernel: str = "", persistent_norm: bool = False, fp8_recipe: str = "delayed",
     bias_gelu_fusion: bool = True, bias_dropout_fusion: bool = True, fused_softmax: bool = True,
-    softmax_in_fp32: bool = True, tp_comm_overlap: bool = False,
+    softmax_in_fp32: bool = True, tp_comm_overlap: bool = False, te_qkv_layout: bool = False,
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -394,6 +423,8 @@ def layer_ops(
     scaling of fp8 GEMM inputs (see ``_with_fp8_casts``).
 
     ``tp_comm_overlap`` (with SP, tp > 1): Transformer Engine's userbuffers overlap (``_userbuffers``).
+    ``te_qkv_layout`` (flash attention through Megatron-Core and Transformer Engine): the copies around
+    the fused attention (``qkv_layout_copies``).
 
     Megatron's fusions (``sim.workload.kernels.KernelSet``): ``bias_gelu_fusion`` False adds the MLP bias
     in its own kernel before the GeLU (``F.gelu(x + bias)``, megatron/model/transformer.py ParallelMLP);
@@ -431,8 +462,9 @@ def layer_ops(
         core, core_b = standard_attention(d, b, t, act, attention_dropout_kernel and drop, fused_softmax,
                                           softmax_in_fp32)
     rope = rope_ops(d, tokens, t, act)
-    if rope is not None:
-        core, core_b = (rope[0], *core), (*core_b, rope[1])
+    rotate, rotate_b = ((rope[0],), (rope[1],)) if rope is not None else ((), ())
+    copies, copies_b = qkv_layout_copies(d, tokens, t, act) if te_qkv_layout and attention == "flash" else ((), ())
+    core, core_b = (*rotate, *copies, *core), (*core_b, *rotate_b, *copies_b)
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
     norm2 = _norm_fwd("norm2", local, h, act, pn)
     mlp_act: tuple[Op, ...] = (_activation_fwd(d.mlp, tokens, ffn_t, act),)

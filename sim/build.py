@@ -215,7 +215,7 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     else:
         lo = moe_ops.layer_ops(d, moe, micro_batch=b, tp=t, ep=par.ep, sequence_parallel=sp, dtype=dtype,
                                flash_kernel=sw.flash_kernel(tr.flash_attention, ks), persistent_norm=pnorm,
-                               fp8_recipe=tr.fp8_recipe, te_qkv_layout=ks.te_attention)
+                               fp8_recipe=tr.fp8_recipe, qkv_copies=ks.qkv_copies)
     lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
                                kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
     host = ks.host_dispatch_us * 1e-6

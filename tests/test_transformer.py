@@ -381,6 +381,24 @@ def test_qkv_layout_copies_around_te_attention():
     assert qkv_layout_copies(GPT, tokens, t, "bf16") == ((), ())
     # in the layer: only where the kernel set runs TE's attention
     kw = dict(micro_batch=1, tp=t, sequence_parallel=False, dtype="bf16")
-    names = [op.name for s in layer_ops(llama, **kw, te_qkv_layout=True).forward for op in s.ops]
+    names = [op.name for s in layer_ops(llama, **kw, qkv_copies="megatron-te").forward for op in s.ops]
     assert names.index("rope") < names.index("value contiguous copy") < names.index("attention")
     assert "value contiguous copy" not in [op.name for s in layer_ops(llama, **kw).forward for op in s.ops]
+
+
+def test_split_qkv_gradients_are_concatenated_in_the_backward():
+    """Megatron-LM 2021-22 and llm-foundry split the QKV output into views; the attention hands back dQ,
+    dK, dV apart and the split's backward concatenates them: 2 × 3 × tokens × h/t × 2 bytes for MHA."""
+    from sim.workload.kernels import KERNEL_SETS
+    from sim.workload.transformer import qkv_layout_copies
+
+    tokens, t = 2048, 8
+    fwd, bwd = qkv_layout_copies(GPT, tokens, t, "bf16", "split-cat")
+    assert fwd == () and [op.bytes for op in bwd] == [2 * 3 * tokens * GPT.hidden // t * 2]
+    assert qkv_layout_copies(GPT, tokens, t, "bf16", "none") == ((), ())
+    assert {k: ks.qkv_copies for k, ks in KERNEL_SETS.items()} == {
+        "megatron-lm-2021": "split-cat", "megatron-lm-2022": "split-cat", "megatron-deepspeed-2022": "split-cat",
+        "transformer-engine": "megatron-te", "pytorch-fsdp-2023": "split-cat"}
+    kw = dict(micro_batch=1, tp=t, sequence_parallel=False, dtype="bf16")
+    standard = layer_ops(GPT, **kw, attention="standard", qkv_copies="megatron-te")
+    assert "qkv grad cat" in [op.name for s in standard.backward_input for op in s.ops]

@@ -247,7 +247,7 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
                    persistent_norm=persistent_norm(ks, norm_kernel, d.hidden), fp8_recipe=fp8_recipe,
                    bias_gelu_fusion=ks.bias_gelu_fusion, bias_dropout_fusion=ks.bias_dropout_fusion,
                    fused_softmax=fused_softmax, softmax_in_fp32=ks.softmax_in_fp32,
-                   tp_comm_overlap=tp_comm_overlap, te_qkv_layout=ks.te_attention)
+                   tp_comm_overlap=tp_comm_overlap, qkv_copies=ks.qkv_copies)
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo

@@ -92,10 +92,10 @@ def dispatch_bytes(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp:
 def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int, ep: int,
               sequence_parallel: bool, dtype: str, flash_kernel: str = "",
               persistent_norm: bool = False, fp8_recipe: str = "delayed",
-              te_qkv_layout: bool = False) -> tf.LayerOps:
+              qkv_copies: str = "none") -> tf.LayerOps:
     """Per-GPU ops of one MoE layer for one micro-batch (segments end in TP or EP collectives);
     ``persistent_norm``, ``d.dropout`` and, in fp8, the casts of the GEMM inputs (``fp8_recipe``) as in
-    ``sim.workload.transformer.layer_ops`` (``te_qkv_layout``: its copies around the fused attention).
+    ``sim.workload.transformer.layer_ops`` (``qkv_copies``: the copies around the attention).
     The router is a plain linear outside Transformer Engine (Megatron-Core's TopKRouter:
     ``torch.nn.functional.linear``), so it stays 16-bit under fp8."""
     sp = sequence_parallel and tp > 1
@@ -130,7 +130,7 @@ def layer_ops(d: tf.TransformerDims, moe: MoESpec, *, micro_batch: int, tp: int,
     norm1 = tf._norm_fwd("norm1", local, h, act, pn)
     core = flash_attention_op("attention", d, b, t, act, backward=False, kernel=flash_kernel)
     rope = tf.rope_ops(d, tokens, t, act)
-    copies, copies_b = tf.qkv_layout_copies(d, tokens, t, act) if te_qkv_layout else ((), ())
+    copies, copies_b = tf.qkv_layout_copies(d, tokens, t, act, qkv_copies)
     rotate: tuple[Op, ...] = ((rope[0],) if rope is not None else ()) + copies
     rotate_b: tuple[Op, ...] = ((rope[1],) if rope is not None else ()) + copies_b
     add1 = tf._dropout_add_fwd("attn_dropout_add", local, h, act, drop)

@@ -361,9 +361,22 @@ def rope_ops(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[Op, Op
             elementwise("rope.bwd", nbytes, act, flops=3.0 * rotated))
 
 
-def qkv_layout_copies(d: TransformerDims, tokens: int, tp: int, act: str) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-    """The copies Megatron-Core's SelfAttention and Transformer Engine's DotProductAttention make around
-    the fused attention (forward, backward), from this GPU's share of the QKV GEMM's interleaved output
+QKV_COPIES = ("none", "megatron-te", "split-cat")  # KernelSet.qkv_copies
+
+
+def qkv_layout_copies(d: TransformerDims, tokens: int, tp: int, act: str,
+                      style: str = "megatron-te") -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """The copies the attention's Q, K and V handling makes around the attention kernels (forward,
+    backward); ``style`` is the code base's (``KernelSet.qkv_copies``).
+
+    "split-cat" (a model that splits the QKV GEMM output into Q, K and V views: Megatron-LM's
+    ``split_tensor_along_last_dim`` of 2021-22, also under Megatron-DeepSpeed, llm-foundry's MPT
+    ``qkv.chunk(3, dim=2)``): nothing forward; backward the attention returns dQ, dK and dV as separate
+    tensors and the split's backward ``torch.cat``s them into the QKV output's gradient (read and write
+    once). Megatron-Core without Transformer Engine's attention does the same.
+
+    "megatron-te": Megatron-Core's SelfAttention and Transformer Engine's DotProductAttention, from this
+    GPU's share of the QKV GEMM's interleaved output
     [s, b, groups, (heads/groups + 2) · head_dim] (megatron/core/transformer/attention.py, core_r0.8.0
     through core_v0.15.0):
 
@@ -378,16 +391,22 @@ def qkv_layout_copies(d: TransformerDims, tokens: int, tp: int, act: str) -> tup
 
     Each copy reads and writes its tensor once. Multi-head attention without RoPE (GPT-3) hands TE the
     three interleaved views ("sbh3d") and copies nothing."""
+    if style not in QKV_COPIES:
+        raise ValueError(f"unknown qkv copies style {style!r}")
     e = DTYPE_BYTES[act]
     q, kv = tokens * d.hidden // tp, tokens * d.kv_dim // tp
+    cat = (elementwise("qkv grad cat", 2 * (q + 2 * kv) * e, act),)
+    if style == "none":
+        return (), ()
+    if style == "split-cat":
+        return (), cat
     gqa, rope = d.kv_dim < d.hidden, d.position == "rope"
     fwd: list[Op] = []
     if gqa:
         fwd.append(elementwise("query reshape copy", 2 * q * e, act))
     if rope:
         fwd.append(elementwise("value contiguous copy", 2 * kv * e, act))
-    bwd = (elementwise("qkv grad cat", 2 * (q + 2 * kv) * e, act),) if gqa or rope else ()
-    return tuple(fwd), bwd
+    return tuple(fwd), cat if gqa or rope else ()
 
 
 def layer_ops(
@@ -395,7 +414,7 @@ def layer_ops(
     attention: str = "flash", attention_dropout_kernel: bool = False, tp_backward_overlap: bool = False,
     flash_kernel: str = "", persistent_norm: bool = False, fp8_recipe: str = "delayed",
     bias_gelu_fusion: bool = True, bias_dropout_fusion: bool = True, fused_softmax: bool = True,
-    softmax_in_fp32: bool = True, tp_comm_overlap: bool = False, te_qkv_layout: bool = False,
+    softmax_in_fp32: bool = True, tp_comm_overlap: bool = False, qkv_copies: str = "none",
 ) -> LayerOps:
     """Per-GPU ops of one transformer layer for one micro-batch under Megatron TP (and optional SP).
 
@@ -423,8 +442,8 @@ def layer_ops(
     scaling of fp8 GEMM inputs (see ``_with_fp8_casts``).
 
     ``tp_comm_overlap`` (with SP, tp > 1): Transformer Engine's userbuffers overlap (``_userbuffers``).
-    ``te_qkv_layout`` (flash attention through Megatron-Core and Transformer Engine): the copies around
-    the fused attention (``qkv_layout_copies``).
+    ``qkv_copies``: the code base's copies of Q, K, V and their gradients around the attention
+    (``qkv_layout_copies``; Megatron-Core's and Transformer Engine's only around the fused attention).
 
     Megatron's fusions (``sim.workload.kernels.KernelSet``): ``bias_gelu_fusion`` False adds the MLP bias
     in its own kernel before the GeLU (``F.gelu(x + bias)``, megatron/model/transformer.py ParallelMLP);
@@ -463,7 +482,8 @@ def layer_ops(
                                           softmax_in_fp32)
     rope = rope_ops(d, tokens, t, act)
     rotate, rotate_b = ((rope[0],), (rope[1],)) if rope is not None else ((), ())
-    copies, copies_b = qkv_layout_copies(d, tokens, t, act) if te_qkv_layout and attention == "flash" else ((), ())
+    style = "split-cat" if qkv_copies == "megatron-te" and attention != "flash" else qkv_copies
+    copies, copies_b = qkv_layout_copies(d, tokens, t, act, style)
     core, core_b = (*rotate, *copies, *core), (*core_b, *rotate_b, *copies_b)
     add1 = _dropout_add_fwd("attn_dropout_add", local, h, act, drop, d.bias, bias_dropout_fusion)
     norm2 = _norm_fwd("norm2", local, h, act, pn)

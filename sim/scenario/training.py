@@ -216,6 +216,11 @@ class Training(_Strict):
             if getattr(self, key) == "bf16" and self.precision not in ("bf16", "fp8"):
                 raise RuleError(key, show("bf16"), f"{what} needs bf16 or fp8 compute, not precision "
                                 f"{self.precision}", f"set training.{key}: {default}, or training.precision: bf16")
+        if self.cross_entropy_kernel != "auto" and not self.fusion.cross_entropy:
+            raise RuleError("cross_entropy_kernel", show(self.cross_entropy_kernel),
+                            "picks a fused loss, but training.fusion.cross_entropy is false here (the stack's "
+                            "unfused loss runs)", "set training.fusion.cross_entropy: true, or "
+                            "training.cross_entropy_kernel: auto")
         if self.tokens is not None and self.train_steps is not None:
             raise RuleError(
                 "train_steps",

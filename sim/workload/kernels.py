@@ -115,11 +115,6 @@ class KernelSet:
     # attention/dot_product_attention/utils.py, get_attention_backend): priced by the GPU profile's
     # ``flash_attention_te`` fit where it has one, else by its own.
     te_attention: bool = False
-    # The copies of Q, K, V and their gradients around the attention (sim.workload.transformer.
-    # qkv_layout_copies): "megatron-te" (Megatron-Core's SelfAttention into TE's DotProductAttention),
-    # or "split-cat" (Megatron-LM's split_tensor_along_last_dim, llm-foundry's qkv.chunk: views whose
-    # gradients the backward concatenates).
-    qkv_copies: str = "split-cat"
     # The optimizer step's kernels: "fused" (apex FusedAdam / multi-tensor apply: each tensor read and
     # written once) or "unfused" (one torch kernel per arithmetic step, e.g. Composer's DecoupledAdamW).
     optimizer_impl: str = "fused"
@@ -154,6 +149,14 @@ class KernelSet:
     # its cross_entropy_fusion_impl default), "te" (Transformer Engine's Triton kernels, which Megatron-Bridge's
     # recipes select) or "xentropy" (flash-attn's CUDA kernel, llm-foundry's default loss_fn).
     cross_entropy_kernel: str = "native"
+
+    @property
+    def qkv_copies(self) -> str:
+        """The copies of Q, K, V and their gradients around the attention (sim.workload.transformer.
+        qkv_layout_copies): "megatron-te" where Megatron-Core's SelfAttention feeds TE's DotProductAttention,
+        else "split-cat" (Megatron-LM's split_tensor_along_last_dim, llm-foundry's qkv.chunk: views whose
+        gradients the backward concatenates)."""
+        return "megatron-te" if self.te_attention else "split-cat"
 
 
 # Hidden sizes Megatron-LM's MixedFusedLayerNorm runs with apex contrib's persistent FastLayerNorm (its
@@ -193,7 +196,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
-            te_attention=True, qkv_copies="megatron-te", fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
+            te_attention=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),

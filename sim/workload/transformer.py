@@ -638,7 +638,6 @@ _FP8_AMAX_BYTES_PER_ELEM = 2  # current scaling: read the bf16 input once more f
 _FP8_OF_STORAGE = DTYPE_BYTES["fp8"] / DTYPE_BYTES[storage_dtype("fp8")]  # 1 of the 2 bytes bf16 moves
 _AMAX_BYTES = 4  # one fp32 amax, max-reduced over the TP group (current scaling, sequence parallel)
 FP8_RECIPES = ("delayed", "current")  # training.fp8_recipe
-# Weight gradients whose input was all-gathered (sequence parallelism): the column-parallel linears'.
 # Weight gradients whose inputs are all-gathered under sequence parallelism (dense layers; a MoE layer's
 # shared expert): they read a transposed fp8 copy of the gathered input.
 _GATHERED_WGRADS = frozenset({"qkv.wgrad", "mlp_up.wgrad", "mlp_gate_up.wgrad", "shared_up.wgrad"})

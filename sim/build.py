@@ -26,7 +26,7 @@ from sim.training.loss_scale import simulate as simulate_loss_scale
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import fused_softmax_runs, persistent_norm
+from sim.workload.kernels import P2P_GATHERS, fused_softmax_runs, persistent_norm
 from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
@@ -368,6 +368,13 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     # DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1 (sim.workload.kernels).
     job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather
+    if gather > 0:
+        rebuild = P2P_GATHERS[ks.p2p_gather]
+        copies = rebuild.copies_per_tensor + rebuild.copies_per_slice / t
+        if copies > 0:
+            job.gather_copy = Block("p2p gather copies", cost.op_time_s(
+                elementwise("p2p gather copies", copies * gather, act_dtype)))
+        job.backward_gathers = rebuild.backward_gathers
     job.nccl = scenario.gpu.nccl_ctas()
     job.hbm_Bps = sw.streaming_Bps(cost)
     # T₁: the same global batch on one GPU, built by the same code (embedding, head, accumulation, step).

@@ -19,6 +19,7 @@ from sim.engine.timeline import (
     COMM_CLIP,
     COMM_DP,
     COMM_EMB,
+    COMM_PP,
     DATA,
     FORWARD,
     GRAD_ACCUM,
@@ -503,6 +504,38 @@ def test_deepspeed_pipeline_all_reduces_fp32_grads_under_zero1_and_partitions_p2
     activation = sc.training.micro_batch * sc.model.seq_len * sc.model.hidden * 2
     assert job.chunks[0].send_bytes == pytest.approx(activation / 2)
     assert job.gather_bytes == pytest.approx(activation)
+
+
+@pytest.mark.parametrize("kernels, copies, backward_gathers", [
+    ("megatron-lm-2021", 2.0, 1),  # list all_gather: PyTorch copies the flat result out (read + write)
+    ("megatron-lm-2022", 0.0, 1),  # _all_gather_base straight into the buffer
+    ("megatron-deepspeed-2022", 5.0 + 2.0 / 2, 2),  # PartitionedTensor.full(): zeros, slice, copy-out, clone
+])
+def test_p2p_rebuild_copies_and_count_follow_the_code_base(kernels, copies, backward_gathers) -> None:
+    """After the TP all-gather of a scattered p2p tensor the receiver copies what its code base copies
+    (bytes by hand from each implementation, in full tensors: t = 2 here), and DeepSpeed's backward rebuilds
+    its own partitioned output as well as the received gradient: stage 0 (which only receives gradients)
+    gathers ``backward_gathers`` times per micro-batch, the last stage (only activations) once."""
+    from sim.workload.ops import elementwise
+
+    sc = _megatron(training__kernels=kernels, training__precision="bf16")
+    cost = cost_model_for(sc)
+    job, _ = build_job(sc, cost)
+    activation = sc.training.micro_batch * sc.model.seq_len * sc.model.hidden * 2
+    assert job.gather_bytes == pytest.approx(activation)
+    if copies:
+        assert job.gather_copy is not None
+        assert job.gather_copy.dur_s == pytest.approx(cost.op_time_s(elementwise("x", copies * activation, "bf16")))
+    else:
+        assert job.gather_copy is None
+    r = simulate(sc)
+    m = sc.microbatches
+    first, last = (next(g for g in r.timeline.gpus if r.timeline.stage_of[g] == s) for s in (0, 3))
+    for g, expected in ((first, backward_gathers * m), (last, m)):
+        gathers = [x for x in r.timeline.spans if x.gpu == g and x.category == COMM_PP and x.stream != "p2p"]
+        assert len(gathers) == expected
+        copied = [x for x in r.timeline.spans if x.gpu == g and x.name.endswith("p2p gather copies")]
+        assert len(copied) == (expected if copies else 0)
 
 
 def test_deepspeed_zero1_all_reduces_fp16_grads_too() -> None:

@@ -276,13 +276,17 @@ class TrainingExecutor:
         return arrive
 
     def _gather(self, g: int, what: str, args: dict):
-        """Megatron's scatter/gather p2p: the 1/t slice each TP rank received is all-gathered over TP."""
-        if self.job.gather_bytes <= 0 or self.job.tp == 1:
+        """Megatron's scatter/gather p2p: the 1/t slice each TP rank received is all-gathered over TP, then
+        copied as the code base does (``job.gather_copy``)."""
+        job = self.job
+        if job.gather_bytes <= 0 or job.tp == 1:
             return
         start = self.env.now
-        yield from self._collective(g, "tp", "all_gather", self.job.gather_bytes)
+        yield from self._collective(g, "tp", "all_gather", job.gather_bytes)
         self.world.span(g, STREAM_COMM, f"gather {what} mb{args['microbatch']}", COMM_PP, start,
-                        {"bytes": self.job.gather_bytes, "op": "all_gather", **args})
+                        {"bytes": job.gather_bytes, "op": "all_gather", **args})
+        if job.gather_copy is not None:
+            yield from self._blocks(g, (job.gather_copy,), COMPUTE, args, f"gather {what} mb{args['microbatch']}")
 
     def _embedding_sync(self, g: int, step: int):
         """Tied embeddings with pipelining: first and last stage all-reduce the word-embedding gradient
@@ -598,6 +602,8 @@ class TrainingExecutor:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
+                        if self.job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
+                            yield from self._gather(g, "output", args)
                         yield from self._gather(g, "grad", args)
                     final = idx in last_grad_action
                     layers = chunk.layers[::-1]

@@ -94,6 +94,8 @@ class TrainingJob:
     blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
+    gather_copy: Block | None = None  # the receiver's copies around each such all-gather (kernels.P2P_GATHERS)
+    backward_gathers: int = 1  # rebuilds before each backward (DeepSpeed's: the gradient and the stage's output)
     # The SMs (NCCL CTAs) a collective's kernel holds, by where its ranks are (sim.hardware.nccl; what
     # sim.build sets); without it every overlapped collective slows compute 1/(1 + comm_slowdown).
     nccl: CommCTAs | None = None

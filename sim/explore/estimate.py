@@ -48,7 +48,7 @@ from sim.training.step_work import (
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
-from sim.workload.kernels import persistent_norm
+from sim.workload.kernels import P2P_GATHERS, persistent_norm
 from sim.workload.ops import elementwise
 
 
@@ -373,17 +373,24 @@ class Estimator:
         split = t > 1 and (sp or ks.scatter_gather_p2p)
         send = activation / t if split else activation
         p2p_hop = gather = 0.0
+        rebuild = P2P_GATHERS[ks.p2p_gather]
         if p > 1:
             p2p_hop = self.collective_s("send_recv", "pp", [0, lay.rank(0, 0, 1)], send)
-            if t > 1 and ks.scatter_gather_p2p and not sp and p * v > 1 and v > 1:
-                gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation)
+            if t > 1 and ks.scatter_gather_p2p and not sp:  # as sim.build: the all-gather, then its copies
+                copies = rebuild.copies_per_tensor + rebuild.copies_per_slice / t
+                gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation) + (
+                    self.slowest * self.cost.op_time_s(elementwise("p2p gather copies", copies * activation,
+                                                                   act_dtype)) if copies > 0 else 0.0)
         hop = p2p_hop if ks.blocking_p2p else 0.0
         t_max = max(stage_t)
-        # Per micro-batch a stage receives (and gathers) its input once forward and once backward, per chunk.
-        period = t_max + 2 * v * gather + 2 * hop * (p > 1)
+        # Per micro-batch a stage receives (and rebuilds) its input once forward and its gradient once
+        # backward per chunk (DeepSpeed rebuilds its own output before the backward as well).
+        gathers = 1 + rebuild.backward_gathers
+        period = t_max + gathers * v * gather + 2 * hop * (p > 1)
         # (m + (p − 1)/v) periods: the bubble (p − 1)/(v·m + p − 1) of the whole pipeline time; the
         # fill/drain also pays the unhidden hops.
-        pipe = (m * period + (sum(stage_t) - t_max + 2 * (p - 1) * (p2p_hop + gather)) / v) if p > 1 else m * t_max
+        pipe = (m * period + (sum(stage_t) - t_max + (p - 1) * (2 * p2p_hop + gathers * gather)) / v) if p > 1 \
+            else m * t_max
         bubble = (p - 1) / (v * m + p - 1) if p > 1 else 0.0
         # Data-parallel gradient sync of the first stage (the last to finish its backward).
         params = self._stage_params(c)

@@ -150,6 +150,12 @@ class KernelSet:
     # recipes select) or "xentropy" (flash-attn's CUDA kernel, llm-foundry's default loss_fn).
     cross_entropy_kernel: str = "native"
 
+    # How the receiver rebuilds an activation (or gradient) scattered over the TP ranks
+    # (``scatter_gather_p2p``; P2P_GATHERS): "base" (one all-gather into the full buffer), "list"
+    # (an all-gather into a list of views, which PyTorch copies out of a flat buffer) or "partitioned"
+    # (DeepSpeed's PartitionedTensor.full(), and the backward rebuilds the stage's own output too).
+    p2p_gather: str = "base"
+
     @property
     def qkv_copies(self) -> str:
         """The copies of Q, K, V and their gradients around the attention (sim.workload.transformer.
@@ -166,13 +172,44 @@ MEGATRON_PERSIST_LN_HIDDEN = (1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 61
                               15360, 16384, 18432, 20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536)
 NORM_KERNELS = ("auto", "framework", "persistent")  # training.norm_kernel
 
+@dataclass(frozen=True)
+class P2PGather:
+    """What rebuilding one scattered p2p tensor costs the receiver beside its TP all-gather: memory traffic
+    in multiples of the full tensor's bytes (``copies_per_tensor`` + ``copies_per_slice`` / t), and how many
+    such rebuilds a backward pass runs before its compute."""
+
+    copies_per_tensor: float
+    copies_per_slice: float
+    backward_gathers: int
+
+
+# Sources, at the period of each kernel set:
+# - "base": Megatron-LM from Feb. 2022 (NVIDIA/Megatron-LM 37181ef, megatron/mpu/random.py
+#   ``gather_split_1d_tensor``: ``torch.distributed._all_gather_base`` straight into the full buffer).
+# - "list": Megatron-LM v2.x of 2021 (the same function at tag v2.5: ``all_gather`` into a list of
+#   views of the buffer). PyTorch's ProcessGroupNCCL::allgather gathers a list into a flat buffer of its
+#   own and then copies each piece out ("Copy the flattened output tensors to the outputs",
+#   torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp): the whole tensor read and written once more.
+# - "partitioned": DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py and
+#   deepspeed/runtime/utils.py ``PartitionedTensor.full``, v0.5.4 of Oct. 2021 through v0.8): a
+#   ``torch.zeros`` of the full tensor (written once), its own slice copied in, the same list
+#   ``all_gather`` (copied out), then ``.clone()`` of the result (read and written): 5 + 2/t tensors'
+#   bytes. ``_exec_backward_pass`` rebuilds the stage's partitioned output with ``full()`` before
+#   ``torch.autograd.backward`` as well as the received gradient: two rebuilds per backward. (The 1/t
+#   slices it clones when sending and receiving are left out: together about one tensor at t = 8.)
+P2P_GATHERS: dict[str, P2PGather] = {
+    "base": P2PGather(0.0, 0.0, 1),
+    "list": P2PGather(2.0, 0.0, 1),
+    "partitioned": P2PGather(5.0, 2.0, 2),
+}
+
 KERNEL_SETS: dict[str, KernelSet] = {
     k.name: k
     for k in (
         KernelSet(
             name="megatron-lm-2021", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
-            blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False,
+            blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False, p2p_gather="list",
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -189,6 +226,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
+            p2p_gather="partitioned",
             fused_softmax_max_seq=4096, fused_cross_entropy=False,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),

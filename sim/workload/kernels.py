@@ -172,6 +172,7 @@ MEGATRON_PERSIST_LN_HIDDEN = (1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 61
                               15360, 16384, 18432, 20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536)
 NORM_KERNELS = ("auto", "framework", "persistent")  # training.norm_kernel
 
+
 @dataclass(frozen=True)
 class P2PGather:
     """What rebuilding one scattered p2p tensor costs the receiver beside its TP all-gather: memory traffic

@@ -130,6 +130,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     sc = load_scenario(args.scenario, args.set or [])
     out = Path(args.out) if args.out else _default_out(sc.name)
     est = check_budget(sc, args.max_events)
+    from sim.training.step_work import stack_notes
+
+    for line in stack_notes(sc):
+        print(f"dtsim: note: {line}", file=sys.stderr)
     # Charts of a run that takes a while: a worker imports matplotlib on another core while this one
     # simulates (sim.outputs.run_files.ChartWorker).
     worker = None

@@ -7,7 +7,8 @@ Search space (the global batch and precision stay the user's; the GPU count is t
 dividing the GPUs left, p ≤ layers; data d = GPUs / (t·p) dividing the global batch; micro-batch b with
 d·b dividing the global batch; schedule 1F1B, GPipe or interleaved 1F1B with v chunks (p·v ≤ layers and
 the micro-batch count a multiple of p); ZeRO 0–3; checkpointing none, selective or full; sequence
-parallelism on or off when t > 1.
+parallelism on or off when t > 1; of those, only what the scenario's software stack could run
+(``training.kernels``: ``KernelSet.missing``, e.g. no sequence parallelism in Megatron-LM of 2021).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
 from sim.scenario.schema import Scenario
+from sim.workload.kernels import KERNEL_SETS
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
 OBJECTIVES = ("throughput", "cost", "time-to-train")
@@ -87,6 +89,7 @@ def enumerate_candidates(
     """Every layout of the search space for ``gpus`` GPUs, and how many each divisibility rule removed."""
     m, tr = scenario.model, scenario.training
     per_node, layers, batch = scenario.cluster.gpus_per_node, m.layers, tr.global_batch
+    ks = KERNEL_SETS[tr.kernels]  # only what the scenario's software stack could run (KernelSet.missing)
     pruned: dict[str, int] = {}
     out: list[Candidate] = []
 
@@ -116,6 +119,10 @@ def enumerate_candidates(
                             for sp in (False, True) if t > 1 else (False,):
                                 if sp and (m.seq_len * b) % t:
                                     drop("seq_len × micro-batch not divisible by tensor (SP)")
+                                    continue
+                                if ks.missing(tensor=t, pipeline=p, schedule=sched, zero=zero, checkpointing=ck,
+                                              sequence_parallel=sp):
+                                    drop(f"not in training.kernels {ks.name}")
                                     continue
                                 out.append(Candidate(d, t, p, b, sched, v, zero, ck, sp))
     return out, pruned

@@ -161,6 +161,22 @@ def kernel_set(scenario: Scenario) -> KernelSet:
                           tr.cross_entropy_kernel)
 
 
+def stack_notes(scenario: Scenario) -> list[str]:
+    """One line per part of the scenario's layout that its software stack (``training.kernels``) could not
+    run (``KernelSet.missing``), naming the stacks that could: dtsim still simulates it, as a what-if."""
+    if scenario.model.kind != "transformer" or scenario.parallel is None or scenario.training is None:
+        return []
+    par, tr = scenario.parallel, scenario.training
+    ks = KERNEL_SETS[tr.kernels]
+    layout = dict(tensor=par.tensor, pipeline=par.pipeline, schedule=par.schedule, zero=par.zero,
+                  checkpointing=tr.checkpointing.kind, sequence_parallel=par.sequence_parallel)
+    gaps = ks.missing(**layout)
+    able = [k.name for k in KERNEL_SETS.values() if not k.missing(**layout)]
+    return [f"{field}: {value} — training.kernels {ks.name} could not run it ({ks.features_source}); simulated "
+            f"anyway, as a what-if" + (f"; the whole layout runs under training.kernels {' or '.join(able)}"
+                                        if able else "") for field, value in gaps]
+
+
 def reduced_grad_bytes(scenario: Scenario) -> int:
     """Bytes per gradient element the data-parallel sync moves for ``scenario``: transformers run a
     Megatron-family kernel set (``main_grad_bytes``), other models reduce their gradients as computed."""

@@ -155,6 +155,38 @@ class KernelSet:
     # (an all-gather into a list of views, which PyTorch copies out of a flat buffer) or "partitioned"
     # (DeepSpeed's PartitionedTensor.full(), and the backward rebuilds the stage's own output too).
     p2p_gather: str = "base"
+    # What the code base could run at all (``missing``): Megatron's sequence parallelism, selective
+    # recomputation, the ZeRO stages (with a pipeline: ``pipeline_zero_stages``), the interleaved
+    # schedule, tensor and pipeline parallelism; ``features_source`` says where each absence is read.
+    sequence_parallel: bool = True
+    selective_recompute: bool = True
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    pipeline_zero_stages: tuple[int, ...] | None = None
+    interleaved_schedule: bool = True
+    model_parallel: bool = True
+    features_source: str = ""
+
+    def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
+                sequence_parallel: bool) -> list[tuple[str, str]]:
+        """The parts of a layout this code base had no way to run, as (scenario field, value) pairs; empty
+        when it could run all of it. dtsim simulates such a layout with the method it knows (a what-if);
+        the planner leaves it out of its search."""
+        gaps = []
+        if not self.model_parallel and tensor > 1:
+            gaps.append(("parallel.tensor", str(tensor)))
+        if not self.model_parallel and pipeline > 1:
+            gaps.append(("parallel.pipeline", str(pipeline)))
+        if not self.sequence_parallel and sequence_parallel and tensor > 1:
+            gaps.append(("parallel.sequence_parallel", "true"))
+        if not self.selective_recompute and checkpointing == "selective":
+            gaps.append(("training.checkpointing", "selective"))
+        stages = self.pipeline_zero_stages if pipeline > 1 and self.pipeline_zero_stages is not None \
+            else self.zero_stages
+        if zero not in stages:
+            gaps.append(("parallel.zero", str(zero)))
+        if not self.interleaved_schedule and pipeline > 1 and schedule == "interleaved-1f1b":
+            gaps.append(("parallel.schedule", schedule))
+        return gaps
 
     @property
     def qkv_copies(self) -> str:
@@ -211,6 +243,9 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-lm-2021", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False, p2p_gather="list",
+            sequence_parallel=False, selective_recompute=False, zero_stages=(0,),
+            features_source="NVIDIA/Megatron-LM gained --sequence-parallel and --recompute-granularity selective "
+                            "on 2022-05-20 (9aad920) and --use-distributed-optimizer on 2022-06-08 (d07d29d)",
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -219,7 +254,9 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
-            fused_cross_entropy=False,
+            fused_cross_entropy=False, zero_stages=(0, 1),
+            features_source="Megatron-LM's distributed optimizer (2022-06-08, d07d29d) shards the optimizer "
+                            "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3",
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),
@@ -227,7 +264,12 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
-            p2p_gather="partitioned",
+            p2p_gather="partitioned", sequence_parallel=False, selective_recompute=False,
+            pipeline_zero_stages=(0, 1), interleaved_schedule=False,
+            features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
+                            "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "
+                            "engine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' and "
+                            "runs its TrainSchedule only (deepspeed/runtime/pipe, v0.5-0.8): no interleaving",
             fused_softmax_max_seq=4096, fused_cross_entropy=False,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
@@ -247,6 +289,10 @@ KERNEL_SETS: dict[str, KernelSet] = {
             # standard attention in eager torch (llm-foundry's attn_impl torch): no fused softmax, and
             # autocast runs torch.softmax in fp32 (priced as Megatron's fp32 fallback)
             masked_softmax_fusion=False,
+            model_parallel=False, sequence_parallel=False, selective_recompute=False, zero_stages=(0, 2, 3),
+            features_source="llm-foundry's MPT of 2023 has no tensor- or pipeline-parallel layers; Composer wraps "
+                            "each block in FSDP (NO_SHARD, SHARD_GRAD_OP or FULL_SHARD: ZeRO 0, 2 or 3) and "
+                            "checkpoints whole blocks",
             description="PyTorch 2.1 eager + FSDP (FlatParameter, bf16 mixed precision) + Composer, as llm-foundry ran "
                         "in 2023: torch kernels, unfused AdamW, bf16 gradient reduce-scatter",
         ),

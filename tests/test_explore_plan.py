@@ -268,3 +268,16 @@ def test_screen_and_simulation_follow_an_overlapped_param_gather(tmp_path):
     assert steps[True][0] < steps[False][0] and steps[True][1] < steps[False][1]
     z0 = Candidate(4, 1, 2, 1, "interleaved-1f1b", 4, 0, "selective", False)
     assert simulate(load_scenario(base, z0.overrides())).summary["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("kernels", ["megatron-lm-2021", "megatron-deepspeed-2022"])
+def test_screen_prices_the_scatter_gather_rebuilds_the_simulation_runs(tmp_path, kernels):
+    """Pipelined TP under the 2021-22 stacks: each received activation and gradient is all-gathered over TP
+    and copied as the code base copies it (DeepSpeed rebuilds the stage's output too), in 1F1B as in the
+    interleaved schedule; the screen prices the same rebuilds the simulation runs."""
+    data = {**with_changes(HAND_1P3B, training={"kernels": kernels}), "name": f"hand-{kernels}"}
+    base = write(tmp_path, data)
+    c = Candidate(2, 2, 2, 2, "1f1b", 1, 0, "full", False)
+    summary = simulate(load_scenario(base, c.overrides())).summary
+    e = Estimator(load_scenario(base)).estimate(c)
+    assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE), c.label()

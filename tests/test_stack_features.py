@@ -74,3 +74,19 @@ def test_every_stack_says_where_its_limits_come_from(kernels) -> None:
     limited = not (ks.sequence_parallel and ks.selective_recompute and ks.zero_stages == (0, 1, 2, 3)
                    and ks.pipeline_zero_stages is None and ks.interleaved_schedule and ks.model_parallel)
     assert bool(ks.features_source) == limited
+
+
+def test_deepspeed_bf16_shards_the_optimizer_whatever_the_zero_stage() -> None:
+    """DeepSpeed runs bf16 with ZeRO stage 0 through its BF16_Optimizer, which partitions the fp32 master
+    weights and optimizer state over the data-parallel ranks: a megatron-deepspeed-2022 bf16 scenario with
+    zero 0 resolves to ZeRO-1 (fp16 keeps its stage 0, and one replica has nothing to shard over)."""
+    mtnlg = ROOT / "scenarios" / "published" / "mtnlg-530b-2240xa100.yaml"
+    assert load_scenario(mtnlg, ["parallel.zero=0", "training.precision=bf16"]).parallel.zero == 1
+    assert load_scenario(mtnlg, ["parallel.zero=0"]).parallel.zero == 0  # fp16: FP16_Optimizer, unsharded
+    assert load_scenario(mtnlg, ["parallel.zero=0", "training.precision=bf16", "parallel.data=1",
+                                 "cluster.nodes=35"]).parallel.zero == 0
+    assert load_scenario(SC21, ["parallel.zero=0"]).parallel.zero == 0  # Megatron-LM: its own optimizer
+    sc = load_scenario(mtnlg, ["training.precision=bf16"])
+    cands, pruned = enumerate_candidates(sc, 2240)
+    assert not any(c.zero == 0 and c.data > 1 for c in cands)
+    assert pruned.get("ZeRO 0 runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)", 0) > 0

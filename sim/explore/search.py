@@ -124,6 +124,9 @@ def enumerate_candidates(
                                               sequence_parallel=sp):
                                     drop(f"not in training.kernels {ks.name}")
                                     continue
+                                if zero == 0 and d > 1 and ks.bf16_optimizer_shards and tr.precision == "bf16":
+                                    drop("ZeRO 0 runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)")
+                                    continue
                                 out.append(Candidate(d, t, p, b, sched, v, zero, ck, sp))
     return out, pruned
 

@@ -271,6 +271,17 @@ def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
     parallel = data.get("parallel")
     if isinstance(parallel, dict) and parallel.get("scatter_gather") is None:
         data = {**data, "parallel": {**parallel, "scatter_gather": ks.scatter_gather_p2p}}
+    parallel = data.get("parallel")
+    if ks.bf16_optimizer_shards and isinstance(parallel, dict) and isinstance(training, dict) \
+            and training.get("precision", "bf16") == "bf16" and parallel.get("zero", 0) == 0 \
+            and isinstance(parallel.get("data", 1), int) and parallel.get("data", 1) > 1 \
+            and parallel.get("dp_algorithm") != "parameter_server":
+        # DeepSpeed runs bf16 with ZeRO stage 0 in its config through its BF16_Optimizer, which partitions the
+        # fp32 master weights and optimizer state over the data-parallel ranks and all-gathers the updated
+        # bf16 weights (deepspeed/runtime/engine.py `_configure_optimizer`, runtime/bf16_optimizer.py
+        # `update_lp_params`, v0.6.4-0.8; its pipeline engine raises NotImplementedError for bf16 with ZeRO-1):
+        # what dtsim calls ZeRO-1, with the full fp32 all-reduce the kernel set already prices.
+        data = {**data, "parallel": {**parallel, "zero": 1}}
     fusion = training.get("fusion") if isinstance(training, dict) else None
     if isinstance(training, dict) and (fusion is None or isinstance(fusion, dict)):
         own = {"bias_gelu": ks.bias_gelu_fusion, "bias_dropout_add": ks.bias_dropout_fusion,

@@ -167,6 +167,9 @@ class KernelSet:
     interleaved_schedule: bool = True
     model_parallel: bool = True
     features_source: str = ""
+    # bf16 training shards the fp32 master weights and the optimizer state over the data-parallel ranks
+    # whatever ZeRO stage is configured (DeepSpeed's BF16_Optimizer: sim.scenario.schema resolves zero 0 to 1)
+    bf16_optimizer_shards: bool = False
 
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
                 sequence_parallel: bool) -> list[tuple[str, str]]:
@@ -266,7 +269,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
-            p2p_gather="partitioned", sequence_parallel=False, selective_recompute=False,
+            p2p_gather="partitioned", sequence_parallel=False, selective_recompute=False, bf16_optimizer_shards=True,
             pipeline_zero_stages=(0, 1), interleaved_schedule=False,
             features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
                             "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "

@@ -370,10 +370,9 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     job.gather_bytes = gather
     if gather > 0:
         rebuild = P2P_GATHERS[ks.p2p_gather]
-        copies = rebuild.copies_per_tensor + rebuild.copies_per_slice / t
-        if copies > 0:
+        if (copied := rebuild.copy_bytes(gather, t)) > 0:
             job.gather_copy = Block("p2p gather copies", cost.op_time_s(
-                elementwise("p2p gather copies", copies * gather, act_dtype)))
+                elementwise("p2p gather copies", copied, act_dtype)))
         job.backward_gathers = rebuild.backward_gathers
     job.nccl = scenario.gpu.nccl_ctas()
     job.hbm_Bps = sw.streaming_Bps(cost)

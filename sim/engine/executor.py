@@ -602,7 +602,7 @@ class TrainingExecutor:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
-                        if self.job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
+                        if job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
                             yield from self._gather(g, "output", args)
                         yield from self._gather(g, "grad", args)
                     final = idx in last_grad_action

@@ -377,10 +377,10 @@ class Estimator:
         if p > 1:
             p2p_hop = self.collective_s("send_recv", "pp", [0, lay.rank(0, 0, 1)], send)
             if t > 1 and ks.scatter_gather_p2p and not sp:  # as sim.build: the all-gather, then its copies
-                copies = rebuild.copies_per_tensor + rebuild.copies_per_slice / t
+                copied = rebuild.copy_bytes(activation, t)
                 gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation) + (
-                    self.slowest * self.cost.op_time_s(elementwise("p2p gather copies", copies * activation,
-                                                                   act_dtype)) if copies > 0 else 0.0)
+                    self.slowest * self.cost.op_time_s(elementwise("p2p gather copies", copied, act_dtype))
+                    if copied > 0 else 0.0)
         hop = p2p_hop if ks.blocking_p2p else 0.0
         t_max = max(stage_t)
         # Per micro-batch a stage receives (and rebuilds) its input once forward and its gradient once

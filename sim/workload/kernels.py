@@ -220,6 +220,10 @@ class P2PGather:
     copies_per_slice: float
     backward_gathers: int
 
+    def copy_bytes(self, tensor_bytes: float, tp: int) -> float:
+        """Bytes the receiver's copies move per rebuild of a tensor of ``tensor_bytes`` over ``tp`` ranks."""
+        return (self.copies_per_tensor + self.copies_per_slice / tp) * tensor_bytes
+
 
 # Sources, at the period of each kernel set:
 # - "base": Megatron-LM from Feb. 2022 (NVIDIA/Megatron-LM 37181ef, megatron/mpu/random.py

@@ -393,11 +393,11 @@ def qkv_layout_copies(d: TransformerDims, tokens: int, tp: int, act: str,
     three interleaved views ("sbh3d") and copies nothing."""
     if style not in QKV_COPIES:
         raise ValueError(f"unknown qkv copies style {style!r}")
+    if style == "none":
+        return (), ()
     e = DTYPE_BYTES[act]
     q, kv = tokens * d.hidden // tp, tokens * d.kv_dim // tp
     cat = (elementwise("qkv grad cat", 2 * (q + 2 * kv) * e, act),)
-    if style == "none":
-        return (), ()
     if style == "split-cat":
         return (), cat
     gqa, rope = d.kv_dim < d.hidden, d.position == "rope"
@@ -927,6 +927,8 @@ def loss_memory_bytes_per_logit(fused_ce: bool, ce_kernel: str, dtype: str) -> t
     logits (forward) or the scatter's copy and the 16-bit gradient (backward): 6 more. te: nothing but the
     16-bit logits, overwritten by their gradient in place (2, no extra). xentropy: the 16-bit logits (2) and
     a new 16-bit gradient (2)."""
+    if ce_kernel not in CE_KERNELS:
+        raise ValueError(f"unknown cross-entropy kernel {ce_kernel!r}")
     e = DTYPE_BYTES[storage_dtype(dtype)]
     if not fused_ce:
         return _FP32_BYTES, _FP32_BYTES

@@ -63,6 +63,9 @@ def _matmul_call(
         scale = torch.tensor(1.0, device=device)
 
         def scaled_call(i: int) -> Any:
+            # use_fast_accum stays False (torch's default): cuBLASLt's split accumulator, as Transformer Engine
+            # runs its fp8 dgrad and wgrad GEMMs and as the reference profiles' MAMF figures were measured. TE's
+            # forward GEMMs use fast accumulation (_2X_ACC_FPROP = False) and may run faster: not measured apart.
             return torch._scaled_mm(
                 a_sets[i], b_sets[i], scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16
             )

@@ -166,7 +166,11 @@ def _check_out(out: Path, args: argparse.Namespace) -> None:
         return
     from calibrate.profile import finished_sections, load_profile
 
-    have = finished_sections(load_profile(out, field="--out"))
+    try:
+        have = finished_sections(load_profile(out, field="--out"))
+    except ScenarioError as exc:  # not a profile this run could extend: say how to replace it, not to rerun
+        text = str(exc).removeprefix("--out: ").split("; re-run", 1)[0].split("; give a profile", 1)[0]
+        raise ScenarioError(f"{text}; add --force to replace it, or give another --out", field="--out") from None
     dropped = sorted(have - set(args.only))
     if dropped:
         raise ScenarioError(

@@ -186,8 +186,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.outputs.charts import draw_all
-    from sim.outputs.replot import load_result
+    from sim.outputs.replot import draw_loaded, load_result
     from sim.outputs.report import write_report
     from sim.outputs.resultdir import ResultDir
 
@@ -196,7 +195,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else src.expanduser().resolve()
     in_place = out.expanduser().resolve() == src.expanduser().resolve()
     with ResultDir(out, "plot", carry=in_place) as staging:
-        names = [p.name for p in draw_all(tl, summary, staging)]
+        names = [p.name for p in draw_loaded(tl, summary, staging, src)]
         if in_place or (staging / "summary.json").exists():
             write_report(staging, out)
     for name in names:

@@ -270,10 +270,28 @@ def _one_line_exit_2(argv: list[str], needle: str, capsys) -> None:
     assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
 
 
+def test_out_replaces_only_an_earlier_table(tmp_path, capsys) -> None:
+    """--out never overwrites the case set it reads nor a file it did not write; its own table it replaces."""
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}')
+    _one_line_exit_2(["validate", "--published", "--case", SMALL, "--out", str(mine)], "not a table", capsys)
+    assert mine.read_text() == '{"my": "notes"}'
+    cases = tmp_path / "cases.json"
+    cases.write_text(DEFAULT_CASES.read_text())
+    _one_line_exit_2(["validate", "--published", "--cases", str(cases), "--case", SMALL, "--out", str(cases)],
+                     "is the --cases file", capsys)
+    table = tmp_path / "table.json"
+    for _ in range(2):  # written, then replaced
+        assert main(["validate", "--published", "--case", SMALL, "--out", str(table)]) == 0
+    assert json.loads(table.read_text())["cases"][0]["name"] == SMALL
+
+
 def test_bad_input_exits_2(tmp_path, capsys) -> None:
     _one_line_exit_2(["validate", "--published", "--case", "gpt3-175b"], "not a case of the set", capsys)
     _one_line_exit_2(["validate", "--published", "--cases", str(tmp_path / "none.yaml")], "no such file", capsys)
-    _one_line_exit_2(["validate", "--published", "--out", str(tmp_path)], "is a folder", capsys)
+    (tmp_path / "d.json").mkdir()
+    _one_line_exit_2(["validate", "--published", "--out", str(tmp_path / "d.json")], "is a folder", capsys)
+    _one_line_exit_2(["validate", "--published", "--out", str(tmp_path / "t.txt")], "must end in .json", capsys)
     _one_line_exit_2(["validate", "--published", "--bogus"], "unrecognized arguments", capsys)
     data = yaml.safe_load(DEFAULT_CASES.read_text())
     bad = tmp_path / "bad.yaml"

@@ -444,3 +444,125 @@ def test_an_internal_error_is_one_line_and_the_traceback_is_on_request(monkeypat
     monkeypatch.setenv("DTSIM_TRACEBACK", "1")
     with pytest.raises(RuntimeError):
         cli.main(["run", SEED])
+
+
+# ---- found by fuzzing the command line (each was an internal error, a wrong message or a lost file) ----
+
+
+@pytest.mark.parametrize("out", [".", "./", "/"])
+def test_out_that_names_no_folder_is_one_line(out, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _fails_in_one_line(["run", SEED, "--out", out, "--no-charts"], capsys, "not a folder name")
+
+
+GPU = ("cluster.gpu={name: g, peak_tflops: {fp32: 19.5, bf16: 312}, memory_GB: 80, "
+       "memory_bandwidth_GBps: 2039}")
+
+
+@pytest.mark.parametrize(
+    "setting, needle",
+    [
+        ("cluster.gpu.power_W=.inf", "finite"),
+        ("cluster.gpu.price_per_gpu_hour=.inf", "finite"),
+        ("cluster.gpu.memory_GB=true", "cluster.gpu.memory_GB"),  # no bool taken as 1 GB
+        ("cluster.gpu.sm_count=true", "whole number"),
+        ("cluster.gpu.peak_tflops={bogus: 5, bf16: 312}", "'bogus' is not a dtype"),
+        ("cluster.gpu.peak_tflops={}", "at least one dtype"),
+        ("cluster.inter_node={bandwidth_Gbps: 200, efficiency: true}", "efficiency"),
+        ("simulation.seed=-1", "simulation.seed"),
+        ("model.experts=100000", "model.experts"),
+    ],
+)
+def test_hardware_and_seed_values_are_checked(setting, needle, tmp_path, capsys) -> None:
+    argv = ["run", SEED, "--set", GPU, "--set", setting, "--out", str(tmp_path / "o"), "--no-charts"]
+    if setting.startswith("model.experts"):
+        argv = ["run", str(ROOT / "scenarios" / "mixtral-8x7b-32xh100-ep8.yaml"), "--set", setting,
+                "--out", str(tmp_path / "o"), "--no-charts"]
+    _fails_in_one_line(argv, capsys, needle)
+
+
+def test_reliability_with_failures_rarer_than_the_run_is_no_failure(tmp_path, capsys) -> None:
+    """An MTBF so long that the optimal checkpoint interval exceeds the run: one segment, goodput 100 %
+    (it divided by a zero wall time)."""
+    from sim.run.reliability import segments
+
+    assert segments(100.0, 1e20) == (0, 100.0)
+    assert segments(300.0, 100.0) == (3, 0.0)
+    scen = str(ROOT / "scenarios" / "llama3-405b-16384xh100.yaml")
+    summary = tmp_path / "s.json"
+    assert main(["run", scen, "--set", "reliability.gpu_mtbf_hours=1e30", "--json", "--no-charts", "--no-trace",
+                 "--out", str(tmp_path / "o")]) == 0
+    summary.write_text(capsys.readouterr().out)
+    rel = json.loads(summary.read_text())["reliability"]
+    assert rel["goodput"] == pytest.approx(1.0, abs=1e-5)  # one checkpoint over the whole run, no failure
+
+
+@pytest.mark.parametrize("line2, needle", [
+    ("0,compute,F0 L0 fwd,forward,nan,0.01,nan,0,", "start_s nan"),
+    ("0,compute,F0 L0 fwd,forward,0.0,inf,inf,0,", "dur_s inf"),
+    ("0,compute,F0 L0 fwd,forward,0.0,-1,-1,0,", "dur_s -1"),
+])
+def test_plot_refuses_times_that_are_not_finite(line2, needle, tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--no-trace"]) == 0
+    capsys.readouterr()
+    csv_p = out / "timeline.csv"
+    lines = csv_p.read_text().splitlines()
+    csv_p.write_text("\n".join([lines[0], line2, *lines[2:]]) + "\n")
+    _fails_in_one_line(["plot", str(out), "--out", str(tmp_path / "p")], capsys, needle)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("step_time_s", "x"), ("bubble_fraction", []), ("gpu_memory_bytes", {}), ("memory_by_stage", "x"),
+    ("memory_by_stage", [1]), ("parallel", "x"), ("parallel", {"pipeline": [2]}), ("fits_in_memory", 3)])
+def test_plot_refuses_a_summary_with_wrong_types(key, value, tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--no-trace"]) == 0
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    summary[key] = value
+    (out / "summary.json").write_text(json.dumps(summary))
+    _fails_in_one_line(["plot", str(out), "--out", str(tmp_path / "p")], capsys, "summary.json")
+
+
+def test_profile_sections_are_checked_and_an_empty_one_still_reports(tmp_path, capsys) -> None:
+    from calibrate.cli import main as calibrate_main
+
+    data = json.loads(PROFILE.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**data, "sections": {"gemm": "x"}}))
+    assert calibrate_main(["--report", str(bad), "--out", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert "sections.gemm" in err and len(err.strip().splitlines()) == 1
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**data, "sections": {}}))  # the fits stay, their measurements are gone
+    assert calibrate_main(["--report", str(empty), "--out", str(tmp_path / "r.png")]) == 0
+    assert (tmp_path / "r.png").stat().st_size > 0
+    capsys.readouterr()
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{bad")
+    assert calibrate_main(["--device", "cpu", "--quick", "--out", str(corrupt)]) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and corrupt.read_text() == "{bad"
+
+
+def test_collective_fit_names_the_missing_key(tmp_path, capsys) -> None:
+    p = _profile_with(tmp_path, lambda f: f["collectives"][1].pop("scope"))
+    _fails_in_one_line(["run", SEED, "--calibration", str(p), "--out", str(tmp_path / "o")], capsys,
+                       "collectives[1].scope")
+
+
+def test_plan_micro_batch_bound_beyond_the_batch_costs_nothing(tmp_path, capsys) -> None:
+    t0 = time.perf_counter()
+    assert main(["plan", str(ROOT / "scenarios" / "gpt3-1.3b-16xa100.yaml"), "--max-micro-batch", "100000000",
+                 "--out", str(tmp_path / "p")]) == 0
+    assert time.perf_counter() - t0 < 60  # it walked every micro-batch up to 10⁸ (minutes)
+
+
+def test_hf_config_folder_without_config_json(tmp_path, capsys) -> None:
+    (tmp_path / "model").mkdir()
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: hf\ncluster: {nodes: 1, gpus_per_node: 8, gpu: A100-80GB}\n"
+                    f"model: {{kind: transformer, hf_config: {tmp_path / 'model'}, seq_len: 2048}}\n"
+                    "parallel: {data: 8}\ntraining: {global_batch: 8, micro_batch: 1}\n")
+    _fails_in_one_line(["run", str(scen), "--out", str(tmp_path / "o")], capsys, "no config.json")

@@ -66,6 +66,14 @@ def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
     for key in ("metadata", "run", "sections", "fits"):
         if not isinstance(data.get(key), dict):
             raise ScenarioError(f"{str(p)!r} lacks the {key!r} object; re-run `dtsim calibrate`", field=field)
+    for name, section in data["sections"].items():
+        if not isinstance(section, dict):
+            raise ScenarioError(f"{str(p)!r}: sections.{name} is not an object; re-run `dtsim calibrate`",
+                                field=field)
+        rows = section.get("measurements", [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ScenarioError(f"{str(p)!r}: sections.{name}.measurements is not a list of objects; re-run "
+                                "`dtsim calibrate`", field=field)
     check_fits(data["fits"], str(p), field)
     return data
 
@@ -146,8 +154,9 @@ def check_fits(fits: dict, path: str, field: str = "profile") -> None:
         where = f"collectives[{i}]"
         if not isinstance(f, dict):
             raise bad(where, f, "must be a mapping")
-        if not isinstance(f.get("op"), str) or not isinstance(f.get("scope"), str):
-            raise bad(f"{where}.op", f.get("op"), "op and scope must be strings")
+        for key in ("op", "scope"):
+            if not isinstance(f.get(key), str):
+                raise bad(f"{where}.{key}", f.get(key), "must be a string" if key in f else "is missing")
         if not (isinstance(f.get("group_size"), int) and not isinstance(f["group_size"], bool)
                 and f["group_size"] >= 1):
             raise bad(f"{where}.group_size", f.get("group_size"), "must be a whole number ≥ 1")

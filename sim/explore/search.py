@@ -108,7 +108,10 @@ def enumerate_candidates(
                 drop("pipeline > layers")
                 continue
             d = gpus // (t * p)
-            for b in range(1, max_micro_batch + 1):
+            top = min(max_micro_batch, batch // d)  # larger micro-batches cannot divide the global batch
+            if max_micro_batch > top:
+                drop("global batch not divisible by data × micro-batch", max_micro_batch - top)
+            for b in range(1, top + 1):
                 if batch % (d * b):
                     drop("global batch not divisible by data × micro-batch")
                     continue

@@ -7,16 +7,16 @@ roofline cost model, which adds wave quantisation and launch overhead on top.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.hardware.nccl import CommCTAs
-from sim.units import GB, TFLOPS, US
+from sim.units import GB, PRECISIONS, TFLOPS, US
 
 
 class GPUSpec(BaseModel):
     """One GPU model. Inline mappings in a scenario use the same fields (TFLOP/s, GB, GB/s)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = "custom"
     peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s per dtype (fp32, tf32, fp16, bf16, fp8)")
@@ -45,6 +45,19 @@ class GPUSpec(BaseModel):
     nvlink: str | None = Field(None, description="default intra-node link preset")
     price_per_gpu_hour: float = Field(2.0, ge=0, description="USD per GPU-hour (editable)")
     power_W: float = Field(400.0, ge=0, description="board power under load, W")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _known_dtypes(cls, peaks: dict[str, float]) -> dict[str, float]:
+        unknown = [k for k in peaks if k not in PRECISIONS]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a dtype; use {', '.join(PRECISIONS)}")
+        if not peaks:
+            raise ValueError(f"give at least one dtype's peak ({', '.join(PRECISIONS)})")
+        bad = [k for k, v in peaks.items() if not v > 0]
+        if bad:
+            raise ValueError(f"{bad[0]}: {peaks[bad[0]]!r} must be > 0")
+        return peaks
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; tf32 falls back to fp32 on GPUs without tensor-float32."""

@@ -27,7 +27,7 @@ from sim.units import GB, US
 class LinkSpec(BaseModel):
     """One link type. Inline mappings give ``bandwidth_GBps`` (bytes) or ``bandwidth_Gbps`` (bits)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = "custom"
     bandwidth_GBps: float | None = Field(None, gt=0, description="per-direction data rate, GB/s")

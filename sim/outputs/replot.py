@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,7 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
         summary = json.loads(summary_p.read_text(encoding="utf-8"))
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
+        _check_summary(summary)
     tl = Timeline()
     with _tag(csv_p), csv_p.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
@@ -77,8 +79,11 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
                 args["microbatch"] = int(row["microbatch"])
             if row["bytes"] != "":
                 args["bytes"] = float(row["bytes"])
-            tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"],
-                                 float(row["start_s"]), float(row["dur_s"]), args))
+            start, dur = float(row["start_s"]), float(row["dur_s"])
+            if not (math.isfinite(start) and math.isfinite(dur) and dur >= 0 and math.isfinite(start + dur)):
+                raise ValueError(f"line {len(tl.spans) + 2}: start_s {row['start_s']}, dur_s {row['dur_s']} "
+                                 "are not a finite time and a duration ≥ 0")
+            tl.spans.append(Span(int(row["gpu"]), row["stream"], row["name"], row["category"], start, dur, args))
         if not tl.spans:
             raise ValueError("it holds no spans")
     meta_p = result_dir / FILE
@@ -115,6 +120,29 @@ def _load(result_dir: Path) -> tuple[Timeline, dict]:
     return tl, summary
 
 
+# The summary keys the charts read, with the JSON types dtsim writes them as (None: absent or null).
+_SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "workload": (str,), "step_time_s": (int, float), "bubble_fraction": (int, float),
+    "gpu_memory_bytes": (int, float), "num_gpus": (int,), "mfu": (int, float), "fits_in_memory": (bool,),
+    "parallel": (dict,), "memory_by_stage": (list,), "reliability": (dict,),
+}
+
+
+def _check_summary(summary: dict) -> None:
+    for key, types in _SUMMARY_TYPES.items():
+        value = summary.get(key)
+        if value is None:
+            continue
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        if not wrong and isinstance(value, float):
+            wrong = not math.isfinite(value)
+        if wrong:
+            raise ValueError(f"{key}: {json.dumps(value)[:40]} is not {'/'.join(t.__name__ for t in types)}")
+    for key, value in summary.get("parallel", {}).items():
+        if not isinstance(value, (int, str, bool, type(None))):
+            raise ValueError(f"parallel.{key}: {json.dumps(value)[:40]} is not a number or a name")
+
+
 def _counter_bytes(ev: dict) -> float:
     """A memory counter sample in bytes (traces before 0.1.1 stored GB under "GB")."""
     args = ev["args"]
@@ -123,6 +151,21 @@ def _counter_bytes(ev: dict) -> float:
     return float(args["bytes"])
 
 
+def draw_loaded(timeline: Timeline, summary: dict, out_dir: Path, result_dir: Path) -> list[Path]:
+    """The charts of a loaded result. The files passed ``load_result``'s checks, so what the charts still
+    cannot draw sits in summary.json's nested records (memory_by_stage, reliability), edited or written
+    by another tool: one ScenarioError naming the file, not an internal error."""
+    try:
+        return draw_all(timeline, summary, out_dir)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(
+            f"{str(Path(result_dir) / 'summary.json')!r} holds values the charts cannot draw "
+            f"({type(exc).__name__}: {detail[:120]}); rerun `dtsim run` to write the result again",
+            "result_dir",
+        ) from None
+
+
 def replot(result_dir: Path, out_dir: Path | None = None) -> list[Path]:
     tl, summary = load_result(result_dir)
-    return draw_all(tl, summary, out_dir or result_dir)
+    return draw_loaded(tl, summary, out_dir or result_dir, result_dir)

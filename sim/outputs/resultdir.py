@@ -145,6 +145,7 @@ class ResultDir:
         self.command = command
         self.field = field
         self.carry = carry  # start staging from the current result's files (``plot`` redraws in place)
+        self._check_name()  # before deriving names from it: '.' or '/' has none
         self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
         self.staging: Path | None = None
         self._lock_fd: int | None = None
@@ -162,10 +163,13 @@ class ResultDir:
         self._lock()
 
     # ---- checks (before any work) ------------------------------------------------------------------
+    def _check_name(self) -> None:
+        out = self.out
+        if str(out) in ("", ".", "..", os.sep) or out.name in ("", ".", ".."):
+            raise _err(f"{str(out)!r} is not a folder name dtsim can replace; give e.g. results/NAME", self.field)
+
     def _check(self) -> None:
         out, field = self.out, self.field
-        if str(out) in ("", ".", "..", os.sep) or out.name in ("", ".", ".."):
-            raise _err(f"{str(out)!r} is not a folder name dtsim can replace; give e.g. results/NAME", field)
         if out.is_symlink():
             raise _err(f"{str(out)!r} is a symbolic link; give the real folder path", field)
         if out.exists():

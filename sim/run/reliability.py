@@ -66,8 +66,8 @@ def segments(work_s: float, interval_s: float) -> tuple[int, float]:
     """(full segments, remaining work of the last, shorter one): the run as the checkpoints cut it."""
     n = int(work_s // interval_s)
     rest = work_s - n * interval_s
-    if rest <= 1e-9 * interval_s:
-        rest = 0.0
+    if rest <= 1e-9 * min(interval_s, work_s):  # float dust of an exact multiple (never the whole run:
+        rest = 0.0                                 # an interval longer than the run leaves one segment)
     return n, rest
 
 

@@ -38,6 +38,7 @@ MAX_OP_MS = 1e9  # 11.6 days for one layer's micro-batch: far beyond any real ke
 MAX_SLOWDOWN = 1e4  # a straggler 10,000× slower than its peers
 MAX_BYTES = 2**60  # 1 EiB in one message or activation
 MAX_PARAMS = 10**15  # parameters in one layer
+MAX_EXPERTS = 65536  # experts in one MoE layer (32× Switch Transformer's 2,048)
 MAX_FLOPS = 1e24  # FLOPs of one layer for one sample
 MIN_LINK_Bps = 1e6  # 1 MB/s: below 10 Mb/s Ethernet no training network runs (a floor that keeps time finite)
 MAX_LINK_Bps = 1e15  # 1 PB/s per direction, ~1000× NVLink 5

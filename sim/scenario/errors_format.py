@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from sim.errors import ScenarioError
-from sim.scenario.schema import MODEL_KINDS, RuleError, did_you_mean, show
+from sim.scenario.schema import MODEL_KINDS, NAME_PATTERN, RuleError, did_you_mean, show
 
 _COMPARE = {"greater_than": ">", "greater_than_equal": "≥", "less_than": "<", "less_than_equal": "≤"}
 _CTX_KEY = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
@@ -157,11 +157,16 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
     if kind == "too_short":
         return show(value), f"needs at least {ctx.get('min_length', 1)} item(s)", "add an item"
     if kind == "string_pattern_mismatch":
-        return (
-            show(value),
-            "may contain only letters, digits, '.', '_' and '-'",
-            "it names the results folder, e.g. my-run",
-        )
+        pattern = str(ctx.get("pattern", ""))
+        if pattern.startswith("^https?"):
+            return show(value), "must be a web address", "write it starting with https:// (or http://)"
+        if pattern == NAME_PATTERN:
+            return (
+                show(value),
+                "may contain only letters, digits, '.', '_' and '-'",
+                "it names the results folder, e.g. my-run",
+            )
+        return show(value), f"must match the pattern {pattern}", "see `dtsim schema` for the field"
     if kind == "string_too_long":
         return show(value), f"longer than {ctx.get('max_length')} characters", "shorten it"
     if kind == "union_tag_invalid":

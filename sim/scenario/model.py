@@ -14,6 +14,7 @@ from sim.scenario.base import (
     COLLECTIVE_ALGORITHMS,
     COLLECTIVE_OPS,
     MAX_BYTES,
+    MAX_EXPERTS,
     MAX_FLOPS,
     MAX_OP_MS,
     MAX_PARAMS,
@@ -235,9 +236,9 @@ class TransformerModel(_Strict):
         "al.'s 5as/h activation term); default: what training.kernels used",
     )
     experts: int | None = Field(
-        None, ge=1, description="mixture of experts: routed experts per layer (null = dense MLP)"
+        None, ge=1, le=MAX_EXPERTS, description="mixture of experts: routed experts per layer (null = dense MLP)"
     )
-    top_k: int | None = Field(None, ge=1, description="MoE: experts each token uses; default 2")
+    top_k: int | None = Field(None, ge=1, le=MAX_EXPERTS, description="MoE: experts each token uses; default 2")
     expert_ffn_hidden: int | None = Field(
         None, ge=1, description="MoE: one expert's MLP width; default ffn_hidden"
     )
@@ -248,7 +249,7 @@ class TransformerModel(_Strict):
         None, ge=1, description="MoE, dropless: busiest GPU's routed tokens / the mean; default 1"
     )
     shared_experts: int | None = Field(
-        None, ge=1, description="MoE: shared experts every token uses (width expert_ffn_hidden each), run "
+        None, ge=1, le=MAX_EXPERTS, description="MoE: shared experts every token uses (width expert_ffn_hidden each), run "
         "as a tensor-parallel MLP beside the routed ones (DeepSeek-MoE style)"
     )
 

@@ -83,8 +83,8 @@ class Simulation(_Strict):
     """How to run: steps to simulate, the random seed, and whether to exploit symmetric ranks."""
 
     steps: int = Field(1, ge=1, description="training steps (or collective repetitions) to simulate")
-    seed: int = Field(0, description="random seed (random stragglers, jitter, overflow probability, "
-                      "reliability Monte-Carlo)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (random stragglers, jitter, overflow "
+                      "probability, reliability Monte-Carlo); numpy's generators take seeds ≥ 0")
     symmetry: Literal["auto", "on", "off"] = Field(
         "auto", description="simulate identical ranks once; off = every GPU"
     )

@@ -399,6 +399,22 @@ def _select(cases: CaseSet, names: list[str] | None) -> list[Case]:
     return picked
 
 
+def _check_table_out(out: Path, cases_file: Path) -> None:
+    """``--out`` replaces only a table an earlier run wrote: never the case set, nor a user's other file."""
+    if not out.exists():
+        return
+    if out.resolve() == cases_file.resolve():
+        raise ScenarioError(f"{show(str(out))} is the --cases file this run reads; give another file name",
+                            "--out")
+    try:
+        old = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        old = None
+    if not (isinstance(old, dict) and {"cases_file", "summary", "cases"} <= old.keys()):
+        raise ScenarioError(f"{show(str(out))} exists and is not a table dtsim validate wrote; give a new file "
+                            "name (dtsim replaces only its own tables)", "--out")
+
+
 def main(argv: list[str]) -> int:
     """Run the command with ``argv`` (the arguments after 'validate'); ScenarioError → the caller's exit 2."""
     args = build_parser().parse_args(argv)
@@ -406,7 +422,7 @@ def main(argv: list[str]) -> int:
     if args.out:
         from sim.outputs.resultdir import check_output_file
 
-        check_output_file(args.out, "--out")  # before any case runs: a bad path is not found minutes later
+        _check_table_out(check_output_file(args.out, "--out", (".json",)), cases_file)  # before any case runs
     if args.list and args.set:
         raise ScenarioError(f"{show(args.set[0])} — --list runs no case, so --set would change nothing; "
                             "drop --set, or --list to run the cases", "--set")

@@ -235,6 +235,9 @@ def read_hf_config(path: str | Path) -> Fields:
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if Path(path).expanduser().is_dir():
+            raise HFConfigError("hf_config", repr(str(path)), "a folder with no config.json in it",
+                                "give a Hugging Face model folder or the path of its config.json") from None
         raise HFConfigError("hf_config", repr(str(path)), "file not found",
                             "give the path of a config.json (relative to the scenario's folder)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

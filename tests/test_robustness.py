@@ -514,7 +514,8 @@ def test_plot_refuses_times_that_are_not_finite(line2, needle, tmp_path, capsys)
 
 @pytest.mark.parametrize("key, value", [
     ("step_time_s", "x"), ("bubble_fraction", []), ("gpu_memory_bytes", {}), ("memory_by_stage", "x"),
-    ("memory_by_stage", [1]), ("parallel", "x"), ("parallel", {"pipeline": [2]}), ("fits_in_memory", 3)])
+    ("memory_by_stage", [1]), ("parallel", "x"), ("parallel", {"pipeline": [2]}), ("parallel", {"pipeline": "x"}),
+    ("fits_in_memory", 3)])
 def test_plot_refuses_a_summary_with_wrong_types(key, value, tmp_path, capsys) -> None:
     out = tmp_path / "r"
     assert main(["run", SEED, "--out", str(out), "--no-charts", "--no-trace"]) == 0

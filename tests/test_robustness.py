@@ -526,6 +526,21 @@ def test_plot_refuses_a_summary_with_wrong_types(key, value, tmp_path, capsys) -
     _fails_in_one_line(["plot", str(out), "--out", str(tmp_path / "p")], capsys, "summary.json")
 
 
+def test_plot_reads_a_null_layout_as_absent(tmp_path, capsys) -> None:
+    """null is "absent" for every summary key the charts read; parallel: null once raised AttributeError."""
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--no-trace"]) == 0
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    summary["parallel"] = None
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert main(["plot", str(out), "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    assert "Error" not in captured.err
+    assert not (tmp_path / "p" / "pipeline.png").exists()  # no pipeline depth read ⇒ no bubble chart
+    assert any((tmp_path / "p").glob("*.png"))
+
+
 def test_profile_sections_are_checked_and_an_empty_one_still_reports(tmp_path, capsys) -> None:
     from calibrate.cli import main as calibrate_main
 

@@ -21,7 +21,7 @@ def draw_all(timeline: Timeline, summary: dict, out_dir: Path, skip: tuple[str, 
     out_dir = Path(out_dir)
     paths = list(plot_gantt(timeline, summary, out_dir / "gantt")) if want("gantt") else []
     if summary.get("workload") not in (None, "collective"):
-        if summary.get("parallel", {}).get("pipeline", 1) > 1 and want("pipeline"):
+        if (summary.get("parallel") or {}).get("pipeline", 1) > 1 and want("pipeline"):
             paths += plot_schedule(timeline, summary, out_dir / "pipeline")
         if summary.get("memory_by_stage") and want("memory"):
             paths += plot_memory(summary, out_dir / "memory")

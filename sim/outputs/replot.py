@@ -138,7 +138,8 @@ def _check_summary(summary: dict) -> None:
             wrong = not math.isfinite(value)
         if wrong:
             raise ValueError(f"{key}: {json.dumps(value)[:40]} is not {'/'.join(t.__name__ for t in types)}")
-    pipeline = summary.get("parallel", {}).get("pipeline", 1)  # the one layout field the charts read
+    pipeline = (summary.get("parallel") or {}).get("pipeline", 1)  # the one layout field the charts read;
+    # null counts as absent, as for every other key above
     if not isinstance(pipeline, int) or isinstance(pipeline, bool):
         raise ValueError(f"parallel.pipeline: {json.dumps(pipeline)[:40]} is not a whole number")
 

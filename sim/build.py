@@ -218,6 +218,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                fp8_recipe=tr.fp8_recipe, qkv_copies=ks.qkv_copies)
     lo = ctx.context_layer_ops(lo, cp=cp, algorithm=par.context_attention or "ring",
                                kv_bytes=ctx.kv_block_bytes(d, micro_batch=b, tp=t, cp=cp, dtype=dtype))
+    f8 = sw.fp8_weight_casts(lo, ks, dtype, tr.fp8_recipe)  # fp8: the weights' casts, per step or per forward
+    lo = f8.layer
     host = ks.host_dispatch_us * 1e-6
     fwd = sw.blocks(cost, lo.forward, host_s=host)
     bwd = sw.blocks(cost, lo.backward_input, host_s=host)
@@ -268,7 +270,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                 "pre_gather_s": sw.fsdp_pre_gather_s(cost, params * ebytes, ebytes, par.data * par.cp)}
 
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
-                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes, **fsdp_kernels(layer_params))
+                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes,
+                 step_forward=sw.per_step_blocks(cost, f8.per_step, host), **fsdp_kernels(layer_params))
     emb = tf.embedding_ops(dl, **kw)
     head = tf.head_ops(dl, **kw, persistent_norm=pnorm, fused_ce=ks.fused_cross_entropy,
                        ce_kernel=ks.cross_entropy_kernel)
@@ -398,6 +401,7 @@ def _compute_time_s(job: TrainingJob) -> float:
                  for b in lw.forward + lw.recompute + lw.backward + lw.weight)
     per_mb += job.data.dur_s if job.data else 0.0
     step = job.optimizer.dur_s + sum(x.dur_s for x in (job.clip, job.unscale) if x is not None)
+    step += sum(b.dur_s for c in job.chunks for lw in c.layers for b in lw.step_forward)
     return per_mb * job.microbatches + step
 
 

@@ -49,6 +49,7 @@ from sim.engine.timeline import (
     STREAM_COMM,
     STREAM_COMPUTE,
     STREAM_P2P,
+    WEIGHT_CAST,
     CounterSample,
     Span,
 )
@@ -562,6 +563,10 @@ class TrainingExecutor:
         actions = self.schedule[stage]
         V = job.pp * job.virtual_stages
         last_grad_action = self._last_grad_actions(actions)
+        first_forward = {}  # chunk -> index of its first forward in the step (once-per-step work runs there)
+        for idx, a in enumerate(actions):
+            if a.kind == "F":
+                first_forward.setdefault(a.chunk, idx)
 
         def bucketed(chunk: int) -> bool:
             return not job.bucket_first_chunk_only or (stage == 0 and chunk == 0)
@@ -591,6 +596,8 @@ class TrainingExecutor:
                             update = param_gathers(a.chunk, i)
                             if not update.processed:
                                 yield update
+                        if lw.step_forward and first_forward[a.chunk] == idx:
+                            yield from self._blocks(g, lw.step_forward, WEIGHT_CAST, args, f"F{a.microbatch} {lw.name}")
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
                     if vs < V - 1:
                         sent = self._send(g, (vs + 1) % job.pp, chunk.send_bytes,

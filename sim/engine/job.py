@@ -51,6 +51,9 @@ class LayerWork:
     # gradient before the layer's reduce-scatter, the cast of the fp32 shard before each all-gather.
     pre_reduce_s: float = 0.0
     pre_gather_s: float = 0.0
+    # Run once per step before the layer's first forward of the step (its model chunk's first micro-batch):
+    # Transformer Engine's fp8 weight casts, reused by the step's other micro-batches.
+    step_forward: tuple[Block, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ COMPUTE = "compute"  # anything else on a compute stream
 GRAD_ACCUM = "grad_accum"  # per-micro-batch accumulation of weight gradients into fp32 main_grad
 CLIP_GRAD = "clip_grad"  # gradient-norm pass before the optimizer
 FSDP_COPY = "fsdp_copy"  # PyTorch FSDP's passes around its collectives: flat-grad copy, pre-divide, shard cast
+WEIGHT_CAST = "weight_cast"  # fp8 copies of the weights, once per step (Transformer Engine's cached casts)
 DATA = "data"  # loading a micro-batch's tokens onto the GPU
 INTERFERENCE = "interference"  # compute time lost to NCCL kernels holding SMs (overlapped communication)
 COMM_TP = "comm_tp"
@@ -27,7 +28,7 @@ COMM_EP = "comm_ep"  # expert-parallel all-to-all (MoE dispatch / combine)
 COMM_CP = "comm_cp"  # context-parallel K/V exchange (ring attention) or gather
 COMM = "comm"  # a standalone collective workload
 COMPUTE_CATEGORIES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER, COMPUTE,
-                      GRAD_ACCUM, CLIP_GRAD, FSDP_COPY, DATA, INTERFERENCE)
+                      GRAD_ACCUM, CLIP_GRAD, FSDP_COPY, WEIGHT_CAST, DATA, INTERFERENCE)
 COMM_CATEGORIES = (COMM_TP, COMM_DP, COMM_PP, COMM_EMB, COMM_CLIP, COMM_EP, COMM_CP, COMM)
 
 # Stream names (Chrome trace tid).

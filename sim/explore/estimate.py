@@ -34,6 +34,7 @@ from sim.training.step_work import (
     accumulate_block,
     blocks,
     dense_layer_ops,
+    fp8_weight_casts,
     fsdp_flat,
     fsdp_pre_gather_s,
     fsdp_pre_reduce_s,
@@ -44,6 +45,7 @@ from sim.training.step_work import (
     op_block,
     optimizer_block,
     optimizer_state_bytes,
+    per_step_blocks,
     weight_blocks,
 )
 from sim.units import DTYPE_BYTES, storage_dtype
@@ -133,6 +135,7 @@ class _LayerTimes:
     tp_recompute: float  # in the recomputed forward (full checkpointing)
     emb: float  # embedding forward + backward (first stage), collectives included
     head: float  # head forward + backward (last stage), collectives included
+    weight_cast: float = 0.0  # once per step: the layer's fp8 weight casts (Transformer Engine's cache)
 
 
 def _dur(blocks: tuple[Block, ...]) -> float:
@@ -250,6 +253,8 @@ class Estimator:
                              flash_attention=self.training.flash_attention, gbytes=gb, ebytes=eb,
                              norm_kernel=self.training.norm_kernel, fp8_recipe=self.training.fp8_recipe,
                              tp_comm_overlap=self.parallel.tp_comm_overlap)
+        f8 = fp8_weight_casts(lo, ks, dtype, self.training.fp8_recipe)  # as sim.build runs them
+        lo = f8.layer
         group = self._tp_group(t)
         k = self.slowest
 
@@ -300,6 +305,7 @@ class Estimator:
             tp_recompute=comm(recompute),
             emb=k * _dur(emb_blocks) + comm(emb_blocks),
             head=k * _dur(head_blocks) + comm(head_blocks),
+            weight_cast=k * _dur(per_step_blocks(cost, f8.per_step, host)),
         )
 
     # ---- memory ---------------------------------------------------------------------------------
@@ -449,7 +455,7 @@ class Estimator:
             dp_total = sync + after
         # Step end: tied embeddings' gradient all-reduce between first and last stage, loss-scale unscale,
         # gradient norm (its model-parallel and, with ZeRO, data-parallel 4-byte all-reduces), optimizer.
-        tail = 0.0
+        tail = max(layers) * lt.weight_cast  # fp8 weights cast once per step (on the fullest stage)
         if d.tied_embeddings and p > 1:
             emb_bytes = -(-d.vocab // t) * d.hidden * gb
             tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)

@@ -34,6 +34,7 @@ CATEGORY_COLORS: dict[str, str] = {
     tl.GRAD_ACCUM: "#88CCEE",  # cyan: per-micro-batch gradient accumulation
     tl.CLIP_GRAD: "#AA4499",  # purple: gradient-norm pass
     tl.FSDP_COPY: "#A6761D",  # ochre: FSDP's flat-grad copy, pre-divide and shard cast
+    tl.WEIGHT_CAST: "#44475A",  # slate: fp8 weight casts, once per step
     tl.DATA: "#DDDDDD",  # pale grey: loading a micro-batch
     tl.INTERFERENCE: "#FF6666",  # light red: compute lost to overlapped communication
     tl.COMM_TP: "#999933",  # olive
@@ -57,6 +58,7 @@ CATEGORY_LABELS: dict[str, str] = {
     tl.GRAD_ACCUM: "grad accumulation",
     tl.CLIP_GRAD: "grad-norm clipping",
     tl.FSDP_COPY: "FSDP copies",
+    tl.WEIGHT_CAST: "fp8 weight casts",
     tl.DATA: "data loading",
     tl.INTERFERENCE: "slowed by comm",
     tl.COMM_EMB: "embedding grad all-reduce",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sim.cost.base import CostModel
 from sim.engine.job import Block
-from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM
+from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM, WEIGHT_CAST
 from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import DTYPE_BYTES, FULL_PRECISIONS, MB, storage_dtype
 from sim.workload.kernels import (
@@ -24,7 +24,14 @@ from sim.workload.kernels import (
     with_overrides,
 )
 from sim.workload.ops import GEMM, TE_ATTENTION, Op, elementwise
-from sim.workload.transformer import LayerOps, Segment, TransformerDims, layer_ops
+from sim.workload.transformer import (
+    LayerOps,
+    Segment,
+    TransformerDims,
+    fp8_weight_cast,
+    fp8_weight_elems,
+    layer_ops,
+)
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
@@ -267,6 +274,38 @@ def dense_layer_ops(d: TransformerDims, *, micro_batch: int, tp: int, sequence_p
     if overlap:
         lo = dataclasses.replace(lo, backward_input=inline_wgrads(lo.backward_input, ks, gbytes, ebytes))
     return lo
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Weights:
+    """Where a layer's fp8 weight casts run (``fp8_weight_casts``)."""
+
+    layer: LayerOps  # the layer's ops; without a cache, the cast heads its forward
+    per_step: tuple[Op, ...] = ()  # with a cache: run once per step, before the chunk's first forward
+
+
+def fp8_weight_casts(lo: LayerOps, ks: KernelSet, dtype: str, recipe: str) -> Fp8Weights:
+    """The layer's fp8 GEMM weights cast to fp8 as Transformer Engine does it: once per step where the
+    caller marks the first micro-batch (``KernelSet.fp8_weight_cache``), else at the head of every forward
+    (recomputed forwards included). Nothing for other precisions.
+
+    The cached copies (the fp8 weight and its transpose, 2 bytes per element, kept in TE's workspace) are
+    not added to the memory model: with them sim.memory puts four NeMo 24.07 fp8 runs that ran on 80 GB
+    H100s at 81-87 GB, so another of its terms must be larger than those runs needed; until that term is
+    found, adding this one would turn real configurations into "does not fit"."""
+    elems = fp8_weight_elems(lo.forward) if dtype == "fp8" else 0
+    if elems == 0:
+        return Fp8Weights(lo)
+    cast = fp8_weight_cast(elems, recipe)
+    if ks.fp8_weight_cache:
+        return Fp8Weights(lo, (cast,))
+    first, *rest = lo.forward
+    return Fp8Weights(dataclasses.replace(lo, forward=(dataclasses.replace(first, ops=(cast, *first.ops)), *rest)))
+
+
+def per_step_blocks(cost: CostModel, ops: tuple[Op, ...], host_s: float = 0.0) -> tuple[Block, ...]:
+    """``ops`` run once per step before a layer's first forward, as one block of their own category."""
+    return tuple(dataclasses.replace(b, category=WEIGHT_CAST) for b in op_block(cost, "fp8 weight casts", ops, host_s))
 
 
 def weight_blocks(cost: CostModel, wgrads: tuple[Op, ...], params: float, ks: KernelSet, gbytes: int,

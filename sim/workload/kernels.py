@@ -115,6 +115,13 @@ class KernelSet:
     # attention/dot_product_attention/utils.py, get_attention_backend): priced by the GPU profile's
     # ``flash_attention_te`` fit where it has one, else by its own.
     te_attention: bool = False
+    # precision fp8: the caller tells Transformer Engine which micro-batch is a model chunk's first of the
+    # step, so TE casts the weights to fp8 then and reuses the copies for the rest of the step (Megatron-Core
+    # forward_step calls model.set_is_first_microbatch(), and TELinear passes is_first_microbatch, e.g.
+    # megatron/core/pipeline_parallel/schedules.py and transformer/custom_layers/transformer_engine.py at
+    # core_r0.8.0; TE 1.8 module/linear.py: update_workspace = is_first_microbatch is None or
+    # is_first_microbatch). Code calling TE's modules without the flag casts them in every forward.
+    fp8_weight_cache: bool = False
     # The optimizer step's kernels: "fused" (apex FusedAdam / multi-tensor apply: each tensor read and
     # written once) or "unfused" (one torch kernel per arithmetic step, e.g. Composer's DecoupledAdamW).
     optimizer_impl: str = "fused"
@@ -286,7 +293,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
             blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
-            te_attention=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
+            te_attention=True, fp8_weight_cache=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),

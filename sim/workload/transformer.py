@@ -17,7 +17,9 @@ Fusion choices (each Op is priced as one kernel):
   Each fp8 GEMM's 16-bit input (the activation forward, the output gradient backward) first goes through
   Transformer Engine's fused cast_transpose kernel (transformer_engine/common/transpose/cast_transpose.cu):
   read 2 bytes, write the fp8 copy and its transpose (1 + 1), amax fused; weight-gradient GEMMs reuse the
-  transposed copies.
+  transposed copies. The weights are cast the same way (``fp8_weight_cast``): once per step where the caller
+  tells Transformer Engine which micro-batch is the first (``KernelSet.fp8_weight_cache``), else in every
+  forward.
 
 Sequence parallelism (Korthikanti et al. 2022): the norm and dropout regions work on s/t tokens; each
 Megatron all-reduce becomes a reduce-scatter, and each identity-forward/all-reduce-backward ``f`` becomes an
@@ -672,6 +674,23 @@ def _fp8_transpose(op: Op) -> Op:
     for a gathered gradient, its input-gradient GEMM) first needs it: of ``op``'s k×m operand."""
     elems = _input_elems(op)
     return elementwise("fp8 transpose", elems * _FP8_TRANSPOSE_BYTES_PER_ELEM, "fp8", flops=0.0)
+
+
+def fp8_weight_elems(forward: tuple[Segment, ...]) -> int:
+    """Elements of the weights this GPU's fp8 GEMMs of ``forward`` multiply by (k × n of each GEMM, one
+    per expert for grouped ones): what Transformer Engine casts to fp8. A GEMM split into pieces (over
+    context-parallel chunks or userbuffers' splits) keeps one weight, so each name counts once."""
+    weights = {op.name: op.k * op.n * op.batch for seg in forward for op in seg.ops if _fp8_gemm_input(op)}
+    return sum(weights.values())
+
+
+def fp8_weight_cast(elems: int, recipe: str) -> Op:
+    """The cast of ``elems`` 16-bit weights to fp8 with the transposed copy the input-gradient GEMM reads
+    (Hopper's fp8 GEMMs take only the TN layout): Transformer Engine's ``cast_transpose_`` of the weight
+    into its fp8 workspace (TE 1.8 ``get_fp8_workspace(..., with_transpose=True)``), read 2 bytes and
+    write 1 + 1; current scaling first reads the weights once more for their amax."""
+    per_elem = _FP8_CAST_BYTES_PER_ELEM + (_FP8_AMAX_BYTES_PER_ELEM if recipe == "current" else 0)
+    return elementwise("fp8 weight cast_transpose", elems * per_elem, "bf16", flops=float(elems))
 
 
 def fp8_layer(forward: tuple[Segment, ...], backward_input: tuple[Segment, ...], backward_weight: tuple[Op, ...],

@@ -174,6 +174,43 @@ def test_outputs_written_by_two_processes_equal_those_written_by_one(tmp_path, m
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
+@pytest.mark.parametrize("child_fails", [False, True])
+def test_trace_written_beside_the_csv_equals_the_one_written_after_it(tmp_path, monkeypatch, child_fails):
+    """Above SPLIT_TEXT_MIN_SPANS a forked process writes trace.json while this one writes timeline.csv:
+    the same bytes as in turn; a child that fails leaves the trace to this process, with no stray file."""
+    from sim.api import simulate
+    from sim.outputs import run_files, writers
+
+    if run_files._fork_context() is None:
+        pytest.skip("needs fork and two cores")
+    result = simulate(load_scenario(ROOT / "scenarios" / "seed-pipeline.yaml"))
+    meta = {"scenario": "x"}
+    one = run_files._write_big_files(result.timeline, _mkdir(tmp_path / "one"), meta, True, False)
+    monkeypatch.setattr(run_files, "SPLIT_TEXT_MIN_SPANS", 0)
+    parent, marker = os.getpid(), tmp_path / "child-ran"
+    real = writers.write_chrome_trace
+
+    def trace(*a, **k):
+        if os.getpid() != parent:
+            marker.touch()  # proof that the trace process ran (it shares no memory with this one)
+            if child_fails:
+                raise RuntimeError("child fails")
+        return real(*a, **k)
+
+    monkeypatch.setattr(run_files, "write_chrome_trace", trace)
+    two = run_files._write_big_files(result.timeline, _mkdir(tmp_path / "two"), meta, True, False, split=True)
+    assert [p.name for p in two] == [p.name for p in one] == ["timeline.csv", "trace.json"]
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["timeline.csv", "trace.json"]
+    assert marker.exists()
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
+
+
 @pytest.mark.parametrize("fail", [None, "before", "while drawing"])
 def test_chart_worker_writes_the_charts_one_process_writes(tmp_path, monkeypatch, fail):
     """Charts drawn by the worker (from the span table sent to it) are the bytes this process draws from the

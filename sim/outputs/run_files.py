@@ -10,6 +10,9 @@ On a machine with two cores the outputs cost about what the slower of two halves
   copies for free). When the text files are the heavier half the child is forked before matplotlib is even
   imported (its import is then part of this process's half), and this process draws every chart; when they
   are light the child draws the charts other than the Gantt as well.
+- A large timeline's two text files are seconds of formatting each: a forked process writes trace.json
+  while this one writes timeline.csv (``_write_big_files(split=True)``), beside the chart worker only
+  when the text outweighs the charts (three processes then share the two cores).
 Neither forks while the caller runs threads of its own (``sim.processes``): everything is then written
 here, in turn.
 Progress goes to stderr when writing takes more than a couple of seconds (tqdm, on a terminal only).
@@ -47,6 +50,12 @@ PARALLEL_MIN_SPANS = 5_000  # below this the outputs take well under a second: n
 # with matplotlib's import (0.5 s), the Gantt about half of the drawing.
 TEXT_S_PER_SPAN = 10e-6
 CHARTS_S = 1.5
+# A forked process writes the trace while this one writes the CSV from this many spans (each file then
+# takes ≳ 0.7 s); beside the chart worker only when the text files outweigh the charts twice (measured on
+# 2 cores: at 151,345 spans the split slowed `dtsim run` of the 175B job by 5 %, the worker's charts being
+# the longer half), where three processes share the two cores.
+SPLIT_TEXT_MIN_SPANS = 150_000
+SPLIT_BESIDE_CHARTS_MIN_SPANS = int(2 * CHARTS_S / TEXT_S_PER_SPAN)
 TRACE_GZIP_LEVEL = 1  # fastest level: ~7× smaller than the JSON for a few tenths of a second per 10⁵ spans
 PROGRESS_DELAY_S = 2.0
 ALL_CHARTS = ("gantt", "pipeline", "memory", "goodput")  # the stems sim.outputs.charts.draw_all draws
@@ -56,15 +65,49 @@ def trace_name(gzipped: bool) -> str:
     return "trace.json.gz" if gzipped else "trace.json"
 
 
-def _write_big_files(timeline, out_dir: Path, meta: dict, trace: bool, trace_gz: bool) -> list[Path]:
-    paths = [out_dir / "timeline.csv"]
-    with atomic_text(paths[0]) as fh:
-        write_timeline_csv(timeline, fh)
-    if trace:
-        path = out_dir / trace_name(trace_gz)
-        with atomic_text(path, TRACE_GZIP_LEVEL if trace_gz else None) as fh:
-            write_chrome_trace(timeline, fh, meta)
-        paths.append(path)
+def _write_trace(timeline, out_dir: Path, meta: dict, trace_gz: bool) -> Path:
+    path = out_dir / trace_name(trace_gz)
+    with atomic_text(path, TRACE_GZIP_LEVEL if trace_gz else None) as fh:
+        write_chrome_trace(timeline, fh, meta)
+    return path
+
+
+def _trace_child(timeline, out_dir: Path, meta: dict, trace_gz: bool) -> None:
+    """In a forked process: trace.json[.gz] only. A failure shows as the exit status (the parent then
+    writes the trace itself, so an error surfaces there as one line)."""
+    gc.disable()  # short-lived: a collection would walk (and so copy) the parent's whole heap
+    try:
+        _write_trace(timeline, out_dir, meta, trace_gz)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException:  # noqa: BLE001 - the parent repeats the work and reports the error
+        sys.exit(1)
+
+
+def _write_big_files(timeline, out_dir: Path, meta: dict, trace: bool, trace_gz: bool,
+                     split: bool = False) -> list[Path]:
+    """timeline.csv and, with ``trace``, trace.json[.gz]. ``split``: on a large timeline a forked process
+    writes the trace while this one writes the CSV (each is seconds of single-core formatting), where a
+    second core exists and forking is safe."""
+    child = None
+    if trace and split and len(timeline.spans) >= SPLIT_TEXT_MIN_SPANS and (ctx := _fork_context()) is not None:
+        span_table(timeline)  # built once, before the fork: both files read the same columns
+        child = ctx.Process(target=_trace_child, args=(timeline, out_dir, meta, trace_gz), daemon=True)
+        child.start()
+    try:
+        paths = [out_dir / "timeline.csv"]
+        with atomic_text(paths[0]) as fh:
+            write_timeline_csv(timeline, fh)
+        if trace:
+            if child is not None:
+                child.join()
+            if child is None or child.exitcode != 0:  # no child, or it failed: written here
+                _write_trace(timeline, out_dir, meta, trace_gz)
+            paths.append(out_dir / trace_name(trace_gz))
+    finally:
+        if child is not None and child.is_alive():  # interrupted: do not leave it writing behind us
+            child.terminate()
+            child.join()
     return paths
 
 
@@ -133,6 +176,13 @@ class ChartWorker:
         self._sender.start()
         self._sent = True
         return True
+
+    def sent(self, timeout_s: float) -> bool:
+        """Whether the payload has gone (its sending thread ended), waiting up to ``timeout_s``."""
+        if self._sender is None:
+            return False
+        self._sender.join(timeout_s)
+        return not self._sender.is_alive()
 
     def _send(self, payload: bytes) -> None:
         try:
@@ -229,7 +279,9 @@ def _write_with_worker(result, out_dir: Path, meta: dict, trace: bool, trace_gz:
     """The worker draws the charts (already sent) while this process writes the other files."""
     with _progress(2) as bar:
         paths = _small_files(result, out_dir)
-        big = _write_big_files(result.timeline, out_dir, meta, trace, trace_gz)
+        # the worker draws meanwhile; a trace process forks only once the charts' payload is sent (no thread)
+        split = len(result.timeline.spans) >= SPLIT_BESIDE_CHARTS_MIN_SPANS and worker.sent(timeout_s=1.0)
+        big = _write_big_files(result.timeline, out_dir, meta, trace, trace_gz, split=split)
         bar.update()
         charts = worker.paths()
         if charts is None:  # the worker failed: draw here, where an error is reported the usual way
@@ -262,7 +314,7 @@ def _write_run_files(result, out_dir: Path, meta: dict, charts: bool, trace: boo
             child.start()
             reply.close()
         else:
-            _write_big_files(timeline, out_dir, meta, trace, trace_gz)
+            _write_big_files(timeline, out_dir, meta, trace, trace_gz, split=True)
             bar.update()
         chart_paths: list[Path] = []
         if charts:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypedDict
 
 from sim import memory as mem
 from sim.cost.base import INTER_NODE, INTRA_NODE, CostModel
@@ -187,6 +188,11 @@ def _synthetic(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInf
 
 
 # ---- transformer ----------------------------------------------------------------------------------
+class _FsdpKernels(TypedDict, total=False):
+    pre_reduce_s: float
+    pre_gather_s: float
+
+
 def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
     m, (par, tr) = scenario.model, scenario.require_training()
     assert isinstance(m, TransformerModel), "build_job sends only transformer models here"
@@ -262,16 +268,16 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     # While a full-checkpointing segment of `every` layers is recomputed, their activations are live again.
     workspace = ck.every * full_layer_act if ck.kind == "full" else 0.0
 
-    def fsdp_kernels(params: float) -> dict[str, float]:
+    def fsdp_kernels(params: float) -> _FsdpKernels:
         """FSDP's DP-stream kernels around a unit of ``params`` parameters (none for other stacks)."""
         if not fsdp:
             return {}
         return {"pre_reduce_s": sw.fsdp_pre_reduce_s(cost, params * gbytes),
                 "pre_gather_s": sw.fsdp_pre_gather_s(cost, params * ebytes, ebytes, par.data * par.cp)}
 
+    step_casts = sw.per_step_blocks(cost, f8.per_step, host)
     layer = dict(grad_bytes=layer_params * gbytes, param_bytes=layer_params * ebytes, activation_bytes=kept,
-                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes,
-                 step_forward=sw.per_step_blocks(cost, f8.per_step, host), **fsdp_kernels(layer_params))
+                 workspace_bytes=workspace, expert_grad_bytes=expert_local * gbytes)
     emb = tf.embedding_ops(dl, **kw)
     head = tf.head_ops(dl, **kw, persistent_norm=pnorm, fused_ce=ks.fused_cross_entropy,
                        ce_kernel=ks.cross_entropy_kernel)
@@ -299,7 +305,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                    activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1),
                                    **fsdp_kernels(emb_params)))
         for i in ids:
-            works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer))
+            works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer, step_forward=step_casts,
+                                   **fsdp_kernels(layer_params)))
         if vs == vsn - 1:
             logits, (kept, extra) = b * seq * math.ceil(m.vocab / t), loss_bytes
             works.append(LayerWork("head", sw.blocks(cost, head.forward, host_s=host),

@@ -563,7 +563,7 @@ class TrainingExecutor:
         actions = self.schedule[stage]
         V = job.pp * job.virtual_stages
         last_grad_action = self._last_grad_actions(actions)
-        first_forward = {}  # chunk -> index of its first forward in the step (once-per-step work runs there)
+        first_forward: dict[int, int] = {}  # chunk -> index of its first forward in the step (once-per-step work runs there)
         for idx, a in enumerate(actions):
             if a.kind == "F":
                 first_forward.setdefault(a.chunk, idx)

@@ -43,7 +43,7 @@ def test_the_weight_elements_are_every_fp8_gemm_weight_once() -> None:
     assert tf.fp8_weight_cast(WEIGHTS, "current").bytes == WEIGHTS * 6
 
 
-def test_megatron_core_casts_once_per_step_and_keeps_the_copies() -> None:
+def test_megatron_core_casts_once_per_step_and_leaves_the_forward_alone() -> None:
     te = KERNEL_SETS["transformer-engine"]
     lo = _ops()
     f8 = sw.fp8_weight_casts(lo, te, "fp8", "delayed")
@@ -97,8 +97,8 @@ def test_the_simulation_casts_each_layer_once_per_step(llama7b) -> None:
 
 
 def test_the_plan_screen_prices_the_casts_once_per_step(llama7b) -> None:
-    """The planner's closed form adds the same cast per layer once per step (on identical GPUs), and
-    nothing to the per-micro-batch forward."""
+    """The planner's closed form prices the same cast per layer once per step (on identical GPUs); none
+    in bf16."""
     from sim.explore.estimate import Estimator
 
     sc = llama7b.model_copy(update={"cluster": llama7b.cluster.model_copy(update={"gpu_speed_spread": 0.0})})

@@ -27,6 +27,7 @@ import pickle
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -72,16 +73,22 @@ def _write_trace(timeline, out_dir: Path, meta: dict, trace_gz: bool) -> Path:
     return path
 
 
-def _trace_child(timeline, out_dir: Path, meta: dict, trace_gz: bool) -> None:
-    """In a forked process: trace.json[.gz] only. A failure shows as the exit status (the parent then
-    writes the trace itself, so an error surfaces there as one line)."""
-    gc.disable()  # short-lived: a collection would walk (and so copy) the parent's whole heap
+def _run_in_child(work: Callable[[], object]) -> None:
+    """The body of a forked writer: ``work``, with any failure reported by exit status only; the parent
+    then does the work itself and reports the error the usual way (one line), so the user never sees a
+    child traceback."""
+    gc.disable()  # short-lived: a collection would walk (and so copy, page by page) the parent's whole heap
     try:
-        _write_trace(timeline, out_dir, meta, trace_gz)
+        work()
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseException:  # noqa: BLE001 - the parent repeats the work and reports the error
         sys.exit(1)
+
+
+def _trace_child(timeline, out_dir: Path, meta: dict, trace_gz: bool) -> None:
+    """In a forked process: trace.json[.gz] only (``_run_in_child``)."""
+    _run_in_child(lambda: _write_trace(timeline, out_dir, meta, trace_gz))
 
 
 def _write_big_files(timeline, out_dir: Path, meta: dict, trace: bool, trace_gz: bool,
@@ -113,11 +120,10 @@ def _write_big_files(timeline, out_dir: Path, meta: dict, trace: bool, trace_gz:
 
 def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trace_gz: bool,
            parent_charts: tuple[str, ...], reply) -> None:
-    """In the forked process: the text files, and every chart not in ``parent_charts``. Any
-    failure is reported by exit status only; the parent then does the work itself and reports the error
-    the usual way (one line), so the user never sees a child traceback."""
-    gc.disable()  # short-lived: a collection would walk (and so copy, page by page) the parent's whole heap
-    try:
+    """In the forked process: the text files, and every chart not in ``parent_charts``
+    (``_run_in_child``)."""
+
+    def work() -> None:
         _write_big_files(timeline, out_dir, meta, trace, trace_gz)
         drawn: list[Path] = []
         if parent_charts != ALL_CHARTS:
@@ -125,10 +131,8 @@ def _child(timeline, summary: dict, out_dir: Path, meta: dict, trace: bool, trac
 
             drawn = draw_all(timeline, summary, out_dir, skip=parent_charts)
         reply.send([str(p) for p in drawn])
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BaseException:  # noqa: BLE001 - the parent repeats the work and reports the error
-        sys.exit(1)
+
+    _run_in_child(work)
 
 
 def _fork_context():

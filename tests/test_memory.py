@@ -291,3 +291,26 @@ def test_memory_counter_track_peaks_equal_the_analytic_peak_of_every_stage(tmp_p
     analytic = {d["stage"]: d["peak"] for d in r.summary["memory_by_stage"]}
     for g, peak in sim_peak.items():
         assert peak == pytest.approx(analytic[r.timeline.stage_of[g]], rel=1e-9), g
+
+
+@pytest.mark.parametrize("preset, cuda_total_gib", [("A100-80GB", 79.14), ("H100-SXM", 79.11), ("A100-40GB", 39.50),
+                                                    ("V100", 31.74), ("H200", 139.86), ("B200", 178.35)])
+def test_preset_capacity_is_what_a_training_process_can_allocate(preset, cuda_total_gib):
+    """A preset's capacity: the device total CUDA reports (GiB) less the ~1.1 GiB a process of a multi-GPU
+    job holds outside PyTorch's allocator, in GB of 1e9 bytes: by hand, (79.11 − 1.1) · 2³⁰ = 83.76e9 B for
+    an H100, where the datasheet says 80 GB."""
+    from sim.hardware.gpu import GPU_PRESETS
+
+    by_hand_GB = (cuda_total_gib - 1.1) * 1073741824 / 1e9
+    assert GPU_PRESETS[preset].memory_GB == pytest.approx(by_hand_GB, abs=0.006)
+    assert GPU_PRESETS[preset].memory_bytes == pytest.approx(by_hand_GB * 1e9, abs=6e6)
+
+
+def test_a_job_needing_82_gb_fits_an_h100_preset_but_not_an_inline_80_gb_gpu():
+    """82 GB of model state fits the 83.76 GB an H100 process can allocate; an inline GPU whose memory_GB
+    is 80 is taken at its word (80e9 bytes)."""
+    from sim.hardware.gpu import GPU_PRESETS
+
+    need = 82e9
+    assert fits(need, GPU_PRESETS["H100-SXM"].memory_bytes)
+    assert not fits(need, GPU_PRESETS["H100-SXM"].model_copy(update={"memory_GB": 80.0}).memory_bytes)

@@ -10,7 +10,34 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.hardware.nccl import CommCTAs
-from sim.units import GB, PRECISIONS, TFLOPS, US
+from sim.units import GB, PRECISIONS, TFLOPS, US, GiB
+
+# What a training process can allocate on each preset GPU. An "80 GB" part holds 80 GiB of HBM; CUDA reports
+# a little less as the device's total (cudaMemGetInfo, which PyTorch's out-of-memory message prints as the
+# "total capacity"; the driver keeps the rest), and of that the process itself holds some outside PyTorch's
+# caching allocator: the CUDA context, the cuBLAS/cuDNN handles and NCCL's buffers. Totals as public
+# out-of-memory messages print them (recent drivers; older ones reported 0.1-0.2 GiB more):
+CUDA_TOTAL_GiB = {
+    "V100": 31.74,  # V100 32GB: liucongg/ChatGLM-Finetuning issue #73 ("31.74 GiB total capacity")
+    "A100-40GB": 39.50,  # TianheWu/CoSeR issue #10, one A100 40GB ("a total capacity of 39.50 GiB")
+    "A100-80GB": 79.14,  # lianqi1008/Control-GIC issue #6, A100 80GB ("a total capacity of 79.14 GiB")
+    "H100-SXM": 79.11,  # vllm-project/vllm issue #27508, H100 80GB ("a total capacity of 79.11 GiB")
+    # H200: NVML's 143,771 MiB (Modal, "Why does an NVIDIA H100 80GB card offer 85.52 GB?",
+    # thundergolfer.com/blog/nvidia-gpu-memory-capacity) less the 0.54 GiB the driver keeps on an H100
+    # (the same table's 81,559 MiB against CUDA's 79.11 GiB)
+    "H200": 139.86,
+    "B200": 178.35,  # pytorch/ao pull request #4002: cudaGetDeviceProperties' total global memory on a B200
+}
+# Held outside PyTorch's allocator by one process of a multi-GPU training job (CUDA context, library
+# handles, NCCL): the out-of-memory messages that give both print it as the process's memory in use less
+# what PyTorch allocated and reserved: 54.99 − 40.00 − 13.91 = 1.08 GiB on 4 H100 (aqlaboratory/openfold
+# issue #481), 37.46 − 36.04 − 0.32 = 1.10 GiB on 4 A100 40GB (awslabs/keys_values issue #92).
+PROCESS_RESERVED_GiB = 1.1
+
+
+def usable_memory_GB(preset: str) -> float:
+    """GB (1e9 bytes) one training process can allocate on the preset GPU ``preset`` (see CUDA_TOTAL_GiB)."""
+    return round((CUDA_TOTAL_GiB[preset] - PROCESS_RESERVED_GiB) * GiB / GB, 2)
 
 
 class GPUSpec(BaseModel):
@@ -20,7 +47,9 @@ class GPUSpec(BaseModel):
 
     name: str = "custom"
     peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s per dtype (fp32, tf32, fp16, bf16, fp8)")
-    memory_GB: float = Field(gt=0, description="HBM capacity, GB (1e9 bytes)")
+    memory_GB: float = Field(gt=0, description="memory one training process can allocate, GB (1e9 bytes): for "
+                             "the presets the device total CUDA reports less what the process holds outside "
+                             "PyTorch's allocator (usable_memory_GB)")
     memory_bandwidth_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s")
     sm_count: int = Field(108, gt=0, description="streaming multiprocessors (wave quantisation)")
     gemm_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of peak a large GEMM reaches")
@@ -99,7 +128,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="V100",
             peak_tflops={"fp32": 15.7, "fp16": 125.0},
-            memory_GB=32,
+            memory_GB=usable_memory_GB("V100"),  # datasheet: 32 GB
             memory_bandwidth_GBps=900,
             sm_count=80,
             gemm_efficiency=0.80,
@@ -112,7 +141,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="A100-40GB",
             peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-            memory_GB=40,
+            memory_GB=usable_memory_GB("A100-40GB"),  # datasheet: 40 GB
             memory_bandwidth_GBps=1555,
             sm_count=108,
             gemm_efficiency=0.80,
@@ -126,7 +155,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="A100-80GB",
             peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-            memory_GB=80,
+            memory_GB=usable_memory_GB("A100-80GB"),  # datasheet: 80 GB
             memory_bandwidth_GBps=2039,
             sm_count=108,
             gemm_efficiency=0.80,
@@ -140,7 +169,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="H100-SXM",
             peak_tflops={"fp32": 67.0, "tf32": 495.0, "fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
-            memory_GB=80,
+            memory_GB=usable_memory_GB("H100-SXM"),  # datasheet: 80 GB
             memory_bandwidth_GBps=3350,
             sm_count=132,
             gemm_efficiency=0.72,
@@ -154,7 +183,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="H200",
             peak_tflops={"fp32": 67.0, "tf32": 495.0, "fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
-            memory_GB=141,
+            memory_GB=usable_memory_GB("H200"),  # datasheet: 141 GB
             memory_bandwidth_GBps=4800,
             sm_count=132,
             gemm_efficiency=0.72,
@@ -168,7 +197,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec(
             name="B200",
             peak_tflops={"fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
-            memory_GB=180,
+            memory_GB=usable_memory_GB("B200"),  # datasheet: 180 GB
             memory_bandwidth_GBps=7700,
             sm_count=148,
             gemm_efficiency=0.70,

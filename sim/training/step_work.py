@@ -290,9 +290,10 @@ def fp8_weight_casts(lo: LayerOps, ks: KernelSet, dtype: str, recipe: str) -> Fp
     (recomputed forwards included). Nothing for other precisions.
 
     The cached copies (the fp8 weight and its transpose, 2 bytes per element, kept in TE's workspace) are
-    not added to the memory model: with them sim.memory puts four NeMo 24.07 fp8 runs that ran on 80 GB
-    H100s at 81-87 GB, so another of its terms must be larger than those runs needed; until that term is
-    found, adding this one would turn real configurations into "does not fit"."""
+    not added to the memory model: with them sim.memory puts five published fp8 runs above the 83.8 GB a
+    training process holds on an H100 (84.0-100.8 GB), so another of its terms must be larger than those
+    runs needed; until that term is found, adding this one would turn real configurations into "does not
+    fit"."""
     elems = fp8_weight_elems(lo.forward) if dtype == "fp8" else 0
     if elems == 0:
         return Fp8Weights(lo)

@@ -50,25 +50,49 @@ def test_a100_families_run_at_their_published_bandwidth(family: str, published_B
 
 
 def test_a_gpu_without_family_figures_streams_every_family() -> None:
-    h200 = RooflineCostModel(GPU_PRESETS["H200"])
-    t = {f: h200.op_time_s(elementwise("x", 64 * MB, "bf16", family=f)) for f in (STREAM, NORM_BWD, DROPOUT)}
+    b200 = RooflineCostModel(GPU_PRESETS["B200"])
+    t = {f: b200.op_time_s(elementwise("x", 64 * MB, "bf16", family=f)) for f in (STREAM, NORM_BWD, DROPOUT)}
     assert t[NORM_BWD] == t[STREAM] == t[DROPOUT]
+
+
+@pytest.mark.parametrize(("gpu", "hbm_GBps"), [("H100-SXM", 3350), ("H200", 4800)])
+def test_hopper_dropout_draws_random_numbers_at_the_a100s_rate_scaled_by_integer_throughput(gpu, hbm_GBps) -> None:
+    """No public Hopper dropout figure: the A100's 953 GB/s (RNG-bound) scaled by SMs × boost clock
+    (132 × 1980 / 108 × 1410 MHz) gives 1635 GB/s on both Hopper parts, whatever their HBM."""
+    by_hand_Bps = 953e9 / 2039e9 * (132 * 1980) / (108 * 1410) * 2039e9
+    cost = RooflineCostModel(GPU_PRESETS[gpu])
+    t = cost.op_time_s(elementwise("x", 256 * MB, "bf16", family=DROPOUT)) - GPU_PRESETS[gpu].kernel_launch_s
+    assert 256 * MB / t == pytest.approx(by_hand_Bps, rel=3e-3)  # the profiles round to three digits
+    assert 256 * MB / t / (hbm_GBps * 1e9) < 0.5  # well below the 0.88 a copy streams at
+
+
+def test_only_a_dropouts_forward_draws_random_numbers() -> None:
+    """The backward of bias-dropout-add multiplies the gradient by the stored mask: a streaming kernel of
+    gradient and mask in, gradient out, not the RNG-bound forward's rate."""
+    fwd = tf._dropout_add_fwd("add", 2048, 12288, "bf16")[0]
+    bwd = tf._dropout_add_bwd("add.bwd", 2048, 12288, "bf16")
+    assert fwd.family == DROPOUT and bwd.family == STREAM
+    assert bwd.bytes == 2048 * 12288 * (2 + 2 + 1)
+    cost = RooflineCostModel(A100)
+    assert cost.op_time_s(bwd) - A100.kernel_launch_s == pytest.approx(bwd.bytes / (0.85 * 2039e9), rel=2e-3)
+    fwd_ops, bwd_ops = standard_attention(GPT3, 1, 8, "bf16", dropout_kernel=True)
+    names = {op.name: op.family for op in (*fwd_ops, *bwd_ops)}
+    assert names["attention.dropout"] == DROPOUT and names["attention.dropout.bwd"] == STREAM
 
 
 def test_h100_layernorm_at_liger_kernels_published_torch_figures() -> None:
     """Liger-Kernel's benchmark data, torch.nn.LayerNorm on an H100 80GB HBM3, 4096 rows: forward 0.0662 /
     0.1527 / 0.3068 ms at N = 4096 / 8192 / 16384 (x in, y out: 2028 / 1758 / 1750 GB/s, mean 1845), backward
     0.1788 / 0.3337 / 0.6424 ms (x, dy in, dx out: 1126 / 1207 / 1254 GB/s, mean 1196); the H100 streams
-    at 0.88 of 3350 GB/s, and a family without figures (dropout) streams."""
+    at 0.88 of 3350 GB/s."""
     fwd_GBps = [2 * 4096 * n * 4 / ms / 1e6 for n, ms in ((4096, 0.0662), (8192, 0.1527), (16384, 0.3068))]
     bwd_GBps = [3 * 4096 * n * 4 / ms / 1e6 for n, ms in ((4096, 0.1788), (8192, 0.3337), (16384, 0.6424))]
     h100 = RooflineCostModel(GPU_PRESETS["H100-SXM"])
     launch = GPU_PRESETS["H100-SXM"].kernel_launch_s
-    t = {f: h100.op_time_s(elementwise("x", 64 * MB, "bf16", family=f)) - launch for f in (STREAM, NORM, NORM_BWD,
-                                                                                            DROPOUT)}
+    t = {f: h100.op_time_s(elementwise("x", 64 * MB, "bf16", family=f)) - launch for f in (STREAM, NORM, NORM_BWD)}
     assert 64 * MB / t[NORM] / 1e9 == pytest.approx(sum(fwd_GBps) / 3, rel=2e-3)
     assert 64 * MB / t[NORM_BWD] / 1e9 == pytest.approx(sum(bwd_GBps) / 3, rel=2e-3)
-    assert 64 * MB / t[STREAM] / 1e9 == pytest.approx(0.88 * 3350, rel=1e-3) and t[DROPOUT] == t[STREAM]
+    assert 64 * MB / t[STREAM] / 1e9 == pytest.approx(0.88 * 3350, rel=1e-3)
 
 
 def test_an_op_that_moves_nothing_costs_nothing_and_launches_nothing() -> None:

@@ -113,8 +113,7 @@ def standard_attention(d: TransformerDims, b: int, tp: int, dtype: str, dropout_
     if dropout_kernel:
         fwd.append(elementwise("attention.dropout", (2 * e + _MASK_BYTES) * scores, dtype, flops=2.0 * scores,
                                family=DROPOUT))
-        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores,
-                               family=DROPOUT))
+        bwd.append(elementwise("attention.dropout.bwd", (2 * e + _MASK_BYTES) * scores, dtype, flops=scores))
     fwd.append(gemm("attention.context", s, hd, s, dtype, batch))
     bwd += [
         *softmax_b,

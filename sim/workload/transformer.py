@@ -303,13 +303,15 @@ def _dropout_add_fwd(name: str, tokens: int, h: int, dtype: str, dropout: bool =
 
 
 def _dropout_add_bwd(name: str, tokens: int, h: int, dtype: str, dropout: bool = True, bias: bool = True) -> Op:
-    """Gradient and mask in, branch gradient out (the residual path passes the gradient through). Without
-    dropout the branch gradient is the incoming one: nothing runs but the bias gradient's reduction
-    (reading the gradient once), and with no bias nothing at all (an op that moves no bytes)."""
+    """Gradient and mask in, branch gradient out (the residual path passes the gradient through): a
+    streaming kernel, since only the forward draws random numbers (torch's native_dropout_backward
+    multiplies by the stored mask). Without dropout the branch gradient is the incoming one: nothing runs
+    but the bias gradient's reduction (reading the gradient once), and with no bias nothing at all (an op
+    that moves no bytes)."""
     e = DTYPE_BYTES[dtype]
     if not dropout:
         return elementwise(name, tokens * h * e if bias else 0.0, dtype, flops=float(tokens * h) if bias else 0.0)
-    return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h, family=DROPOUT)
+    return elementwise(name, tokens * h * (2 * e + _MASK_BYTES), dtype, flops=1.0 * tokens * h)
 
 
 # Tensors of ``width`` elements per token an activation's kernels read and write, forward and backward.

@@ -418,8 +418,11 @@ def test_vectorised_blocks_and_gaps_match_the_span_by_span_definitions() -> None
 def test_fast_trace_writer_matches_one_event_at_a_time(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The column-wise Chrome trace writer gives the events a plain one-dict-per-event encoding gives, in
     the same order, for awkward names (quotes that could fake a separator), unhashable args, a stream
-    without a fixed tid and counters."""
+    without a fixed tid and counters; span times in µs to the nanosecond."""
     import json
+
+    def _ns(seconds: float) -> float:
+        return float(f"{seconds * 1e6:.3f}")
 
     from sim.engine.timeline import CounterSample
     from sim.outputs import writers
@@ -444,7 +447,7 @@ def test_fast_trace_writer_matches_one_event_at_a_time(chunk: int, monkeypatch: 
                 events.append({"ph": "M", "pid": s.gpu, "tid": tids[(s.gpu, s.stream)], "name": "thread_name",
                                "args": {"name": s.stream}})
         events += [{"ph": "X", "pid": s.gpu, "tid": tids[(s.gpu, s.stream)], "name": s.name, "cat": s.category,
-                    "ts": s.start_s * 1e6, "dur": s.dur_s * 1e6, "args": s.args} for s in part]
+                    "ts": _ns(s.start_s), "dur": _ns(s.dur_s), "args": s.args} for s in part]
     events += [{"ph": "C", "pid": 0, "name": "allocated_GB", "ts": 0.1e6, "args": {"GB": 2.0}},
                {"ph": "C", "pid": 1, "name": "other", "ts": 0.2e6, "args": {"GB": 5e-9}}]
     trace = json.loads(chrome_trace(timeline, {"scenario": "t"}))
@@ -479,3 +482,21 @@ def test_table_timeline_travels_as_its_span_table() -> None:
         assert got.args.get("microbatch", NO_MICROBATCH) == src.args.get("microbatch", NO_MICROBATCH)
     assert (light.gpus, light.labels, light.stage_of, light.end_s) == (t.gpus, t.labels, t.stage_of, t.end_s)
 
+
+
+def test_trace_times_are_microseconds_to_the_nanosecond() -> None:
+    """trace.json writes span times fixed-point to 1 ns (timeline.csv keeps them exactly): 1.2345678 ms
+    starts at 1234.568 µs, a 0.4 ns span lasts 0.000 µs, and a non-finite time stays valid JSON."""
+    import json
+
+    import numpy as np
+
+    from sim.outputs.writers import _micros, chrome_trace
+
+    timeline = Timeline()
+    timeline.add(Span(0, tl.STREAM_COMPUTE, "a", tl.COMPUTE, 1.2345678e-3, 0.4e-9, {}))
+    text = chrome_trace(timeline)
+    assert '"ts":1234.568,"dur":0.000,' in text
+    (event,) = [e for e in json.loads(text)["traceEvents"] if e["ph"] == "X"]
+    assert (event["ts"], event["dur"]) == (1234.568, 0.0)
+    assert _micros(np.array([1.0, np.inf])) == ["1000000.000", "Infinity"]

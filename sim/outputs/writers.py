@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -108,6 +109,21 @@ def _reprs(values: list) -> list[str]:
     """``repr`` of every number, formatted by the C list repr in one call (ints and finite floats only)."""
     text = repr(values)
     return text[1:-1].split(", ") if len(values) else []
+
+
+TRACE_TIME_DECIMALS = 3  # trace.json times in µs to the nanosecond (Perfetto shows ns at most)
+
+
+def _micros(seconds: np.ndarray) -> list[str]:
+    """Times in µs as trace.json writes them: fixed-point to the nanosecond, formatted by one C ``%``
+    over the whole column (about 2.5× faster than the shortest round-trip repr timeline.csv keeps);
+    a non-finite time (never produced by the simulator) as the JSON encoder writes it."""
+    micros = seconds * 1e6
+    if not len(micros):
+        return []
+    if not np.isfinite(micros).all():
+        return [f"{v:.{TRACE_TIME_DECIMALS}f}" if math.isfinite(v) else json.dumps(v) for v in micros.tolist()]
+    return (f"%.{TRACE_TIME_DECIMALS}f," * len(micros) % tuple(micros.tolist())).split(",")[:-1]
 
 
 def _coded(codes: np.ndarray, names: tuple[str, ...]) -> list[str]:
@@ -218,11 +234,12 @@ def _counter_events(enc, counters: list[CounterSample]) -> list[str]:
 
 
 def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None) -> None:
-    """Chrome trace event format (JSON object form), streamed: pid = GPU, tid = stream, times in µs.
+    """Chrome trace event format (JSON object form), streamed: pid = GPU, tid = stream, times in µs to the
+    nanosecond (``_micros``; timeline.csv keeps every time exactly).
 
     Memory counter tracks use "C" events; process and thread names come from the timeline labels. Events
-    are built a chunk of spans at a time, column by column: numbers from the span table through C list
-    reprs, pid/tid and category texts once per distinct value, names in one encoder call, args once per
+    are built a chunk of spans at a time, column by column: span times from the span table through one C
+    ``%`` format per column, pid/tid and category texts once per distinct value, names in one encoder call, args once per
     distinct set, and each event joined from its pieces in C, so a 10⁶-span trace never exists as one list
     of dicts and no Python code runs per field."""
     enc = _compact_encoder()
@@ -272,9 +289,9 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
             pid_tid[thread_of[lo:hi]].tolist(),
             _json_strings(enc, [s.name for s in part]),
             category[table.category[lo:hi]].tolist(),
-            _reprs((table.start_s[lo:hi] * 1e6).tolist()),
+            _micros(table.start_s[lo:hi]),
             repeat(',"dur":'),
-            _reprs((table.dur_s[lo:hi] * 1e6).tolist()),
+            _micros(table.dur_s[lo:hi]),
             repeat(',"args":'),
             [args_text(s.args) for s in part],
             repeat("}"),

@@ -204,10 +204,13 @@ def test_errors_are_summarised_per_source_in_first_seen_order() -> None:
     assert by["Paper B"]["mean_abs_time_error"] == pytest.approx(0.15)  # (20 % + 10 %) / 2
     assert by["Paper B"]["max_abs_time_error"] == pytest.approx(0.20)
     assert by["Paper A"]["mean_abs_time_error"] == pytest.approx(0.02)
+    assert by["Paper B"]["mean_time_error"] == pytest.approx(-0.05)  # (−20 % + 10 %) / 2
+    assert by["Paper B"]["cases_within_10pct"] == 1 and by["Paper A"]["cases_within_10pct"] == 1
     text = format_table(rows)
+    assert "mean signed error -2.7%" in text and "2 of 3 cases within 10%" in text  # (−20 + 2 + 10) / 3
     assert "by source" in text
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("Paper B"))
-    assert "2 cases" in line and "15.0%" in line and "20.0%" in line
+    assert "2 cases" in line and "15.0%" in line and "20.0%" in line and "signed  -5.0%" in line
     assert "by source" not in format_table(rows[:1])  # one source: the overall line says it all
 
 

@@ -2,7 +2,9 @@
 
 Peaks are NVIDIA datasheet figures (dense, no sparsity). Efficiencies are what large, well-shaped
 kernels reach in public cuBLAS / FlashAttention / STREAM-style measurements; they are ceilings for the
-roofline cost model, which adds wave quantisation and launch overhead on top.
+roofline cost model, which adds wave quantisation and launch overhead on top. Memory capacity is what one
+training process can allocate, from the device totals CUDA reports (``CUDA_TOTAL_GiB``), not the
+datasheet's round figure.
 """
 
 from __future__ import annotations

@@ -236,7 +236,8 @@ def test_plan_cli_writes_table_csv_best_yaml_and_report(tmp_path, capsys):
 
 def test_twins_are_zero_or_attention_recompute_variants_with_close_estimates():
     """The planner skips simulating a candidate that differs from one already chosen only in ZeRO stage or in
-    checkpointing none vs selective, when their estimates are within 0.5 %; anything else is simulated."""
+    checkpointing none vs selective, when their estimates are within 0.5 %, and a selective candidate whose
+    counterpart without recomputation (same ZeRO stage) was chosen; anything else is simulated."""
     from sim.explore.estimate import Estimate
     from sim.explore.plan import _twin
     from sim.explore.search import Screened
@@ -249,6 +250,10 @@ def test_twins_are_zero_or_attention_recompute_variants_with_close_estimates():
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 2, "selective", True), 1.01))
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 4, "1f1b", 1, 1, "full", True), 1.0))
     assert not _twin(s(a, 1.0), s(Candidate(4, 2, 1, 2, "1f1b", 1, 1, "none", True), 1.0))
+    # the same layout and ZeRO stage with the attention core recomputed does strictly more work: a twin of
+    # the chosen one without recomputation however far apart the estimates are
+    dominated = Candidate(4, 2, 1, 4, "1f1b", 1, 1, "selective", True)
+    assert _twin(s(dominated, 1.03), s(a, 1.0)) and _twin(s(a, 1.0), s(dominated, 0.97))
 
 
 def test_screen_and_simulation_follow_an_overlapped_param_gather(tmp_path):
@@ -281,3 +286,13 @@ def test_screen_prices_the_scatter_gather_rebuilds_the_simulation_runs(tmp_path,
     summary = simulate(load_scenario(base, c.overrides())).summary
     e = Estimator(load_scenario(base)).estimate(c)
     assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE), c.label()
+
+
+def test_the_default_top_the_help_names_is_the_planners() -> None:
+    from sim.cli import build_parser
+    from sim.explore.plan import DEFAULT_TOP
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["plan"]
+    top = next(a for a in sub._actions if a.dest == "top")
+    assert f"default {DEFAULT_TOP}" in top.help and top.default is None

@@ -177,7 +177,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sim.explore.plan import plan
+    from sim.explore.plan import DEFAULT_TOP, plan
     from sim.explore.plan_output import plan_text, write_plan
     from sim.outputs.resultdir import ResultDir
 
@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             args.set,
             gpus=args.gpus,
             objective=args.objective,
-            top=args.top,
+            top=DEFAULT_TOP if args.top is None else args.top,
             workers=args.workers,
             executor=args.executor,
             address=args.address,
@@ -301,7 +301,8 @@ def add_explore_commands(sub) -> None:
         default="throughput",
         help="rank by tokens/s (default), $ per 1M tokens, or days to train",
     )
-    p.add_argument("--top", type=positive_int, default=3, help="candidates to simulate (default 3)")
+    p.add_argument("--top", type=positive_int, default=None,
+                   help="candidates to simulate (default 4: sim.explore.plan.DEFAULT_TOP says why)")
     p.add_argument(
         "--max-micro-batch", type=positive_int, default=8, help="largest micro-batch tried (default 8)"
     )

@@ -302,7 +302,7 @@ def add_explore_commands(sub) -> None:
         help="rank by tokens/s (default), $ per 1M tokens, or days to train",
     )
     p.add_argument("--top", type=positive_int, default=None,
-                   help="candidates to simulate (default 4: sim.explore.plan.DEFAULT_TOP says why)")
+                   help="candidates to simulate (default 3, sim.explore.plan.DEFAULT_TOP)")
     p.add_argument(
         "--max-micro-batch", type=positive_int, default=8, help="largest micro-batch tried (default 8)"
     )

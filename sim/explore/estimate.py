@@ -421,7 +421,17 @@ class Estimator:
                 # one without overlap) and what the DP stream needs beyond the pipeline's own time; its
                 # NCCL kernels slow the compute they run beside.
                 scatters = scatter if self.overlap_grad_sync else m * v * n_layers * scatter
-                exposed = min(after, 2 * v * m * gather_w + scatters + max(0.0, after - pipe))
+                # Phase by phase: a forward needs one gather per layer beside its compute, a backward a gather
+                # and (overlapped) a reduce-scatter per layer beside its own; where the DP stream's work
+                # outweighs the compute it falls behind. A backward's backlog drains in the next forward's
+                # slack; the step's last backward's cannot (a flow shop of the two streams).
+                c_fwd = lt.fwd + lt.tp_fwd
+                c_bwd = lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute
+                bwd_dp = gather_w + (scatter if self.overlap_grad_sync else 0.0)
+                excess = n_layers * max(0.0, bwd_dp - c_bwd)
+                slack = n_layers * max(0.0, c_fwd - gather_w)
+                backlog = excess + (m * v - 1) * max(0.0, excess - slack)
+                exposed = min(after, 2 * v * m * gather_w + max(backlog, scatters + max(0.0, after - pipe)))
                 dp_exposed = exposed + (after - exposed) * self.sm_share_of("all_gather", "dp", dp_group,
                                                                              layer_weights)
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer

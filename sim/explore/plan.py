@@ -101,10 +101,9 @@ def _twin(a: Screened, b: Screened) -> bool:
 
 
 # Candidates simulated by default. The screen's estimates of the leading layouts err by −1 … +1.4 % against
-# their simulations (GPT-3 175B on 1,024 A100, `--top 10`), about as much as they lie apart, so the fourth
-# layout in estimate order that fits can be the fastest (it is there: 16.83 s simulated against 16.99 s for
-# the first).
-DEFAULT_TOP = 4
+# their simulations (GPT-3 175B on 1,024 A100, `--top 10`), about as much as they lie apart: when they lie
+# that close, `--top` simulates more of them.
+DEFAULT_TOP = 3
 
 
 def _check_inputs(base, path: str, objective: str, top: int) -> None:

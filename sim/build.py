@@ -284,7 +284,9 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     emb_params = tf.embedding_params(d) / t
     vsn = par.pipeline * par.virtual_stages
     head_params = tf.head_params(d, emb_params, vsn)
-    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages, par.stage_layers)
+    parts = _stage_chunks(m.layers, par.pipeline, par.virtual_stages,
+                          sw.stage_layer_counts(ks, m.layers, par.pipeline, par.virtual_stages, par.stage_layers,
+                                                tr.precision))
     activation = b * seq * m.hidden * ebytes
     # Between stages each TP rank sends 1/t of the activation when it is split already (sequence
     # parallelism) or Megatron's scatter/gather splits it (then an all-gather over TP follows on arrival);

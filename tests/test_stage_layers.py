@@ -93,3 +93,55 @@ def test_llama3_405b_meta_layout_relieves_stage_0():
     assert meta[0]["peak"] < flat[0]["peak"] and flat[0]["peak"] / GB > 90
     worst = max(meta, key=lambda r: r["peak"])
     assert worst["stage"] == 1 and worst["activations"] == pytest.approx(16 * 8 * per_layer_act, rel=1e-9)
+
+
+# Layers per stage that DeepSpeed v0.6.4's own ``partition_balanced`` returns (deepspeed/runtime/utils.py,
+# run on Megatron-DeepSpeed's GPTModelPipe spec list: 3 specs, the layers, 4 specs, weight 1 per layer).
+# Where a stage can take ceil(n/p) layers the cuts fill the first stages (70/12, 30/4); its windowed probe
+# sometimes puts the most on the last (16/3, 64/7).
+@pytest.mark.parametrize(("layers", "stages", "expect"), [
+    (70, 12, [6] * 11 + [4]),
+    (30, 4, [8, 8, 8, 6]),
+    (105, 35, [3] * 35),
+    (16, 3, [5, 5, 6]),
+    (64, 7, [9, 9, 9, 9, 9, 9, 10]),
+    (70, 16, None),  # DeepSpeed leaves the last two stages without a layer (and the head on stage 13)
+])
+def test_deepspeed_type_partition_is_what_deepspeed_ran(layers, stages, expect):
+    from sim.parallel.layout import deepspeed_type_partition
+
+    assert deepspeed_type_partition(layers, stages) == expect
+
+
+def _ds_layers(kernels: str) -> list[int]:
+    sc = scenario_from_dict({
+        "name": "ds-partition", "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": {"kind": "transformer", "layers": 30, "hidden": 1024, "heads": 16, "seq_len": 512, "vocab": 32000},
+        "parallel": {"pipeline": 4, "tensor": 4},
+        "training": {"global_batch": 16, "precision": "bf16", "kernels": kernels},
+    })
+    job, _ = build_job(sc, cost_model_for(sc))
+    return [sum(work.name.startswith("L") for work in chunk.layers) for chunk in job.chunks]
+
+
+def test_megatron_deepspeed_places_layers_as_its_pipeline_engine_did():
+    """Without parallel.stage_layers the Megatron-DeepSpeed stack gets DeepSpeed's cuts (30 layers over 4
+    stages: 8, 8, 8, 6); Megatron-LM's stacks the balanced split (8, 8, 7, 7)."""
+    assert _ds_layers("megatron-deepspeed-2022") == [8, 8, 8, 6]
+    assert _ds_layers("megatron-lm-2021") == [8, 8, 7, 7]
+
+
+def test_plan_screen_prices_the_deepspeed_cuts():
+    """The planner's screen reads the same cuts as the simulation (its per-stage layer counts)."""
+    from sim.explore.estimate import Candidate, Estimator
+
+    sc = scenario_from_dict({
+        "name": "ds-partition", "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": {"kind": "transformer", "layers": 30, "hidden": 1024, "heads": 16, "seq_len": 512, "vocab": 32000},
+        "parallel": {"pipeline": 4, "tensor": 4},
+        "training": {"global_batch": 16, "precision": "bf16", "kernels": "megatron-deepspeed-2022"},
+    })
+    est = Estimator(sc)
+    cand = Candidate(data=1, tensor=4, pipeline=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=0,
+                     checkpointing="none", sequence_parallel=False)
+    assert est._stage_layers(cand) == [8, 8, 8, 6]

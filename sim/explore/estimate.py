@@ -46,6 +46,7 @@ from sim.training.step_work import (
     optimizer_block,
     optimizer_state_bytes,
     per_step_blocks,
+    stage_layer_counts,
     weight_blocks,
 )
 from sim.units import DTYPE_BYTES, storage_dtype
@@ -311,7 +312,9 @@ class Estimator:
     # ---- memory ---------------------------------------------------------------------------------
     def _stage_layers(self, c: Candidate) -> list[int]:
         given = stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages)
-        parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, given)
+        counts = stage_layer_counts(self.kernels, self.dims.layers, c.pipeline, c.virtual_stages, given,
+                                    self.training.precision)
+        parts = partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, counts)
         return [
             sum(len(parts[k * c.pipeline + s]) for k in range(c.virtual_stages)) for s in range(c.pipeline)
         ]

@@ -6,6 +6,7 @@ on NVLink), then data, then pipeline: rank = tp + T·(dp + D·pp).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -98,3 +99,61 @@ def stage_layers_for(stage_layers: list[int] | tuple[int, ...] | None, pipeline:
     if stage_layers is not None and len(stage_layers) == pipeline * virtual_stages:
         return list(stage_layers)
     return None
+
+
+# Megatron-DeepSpeed's GPTModelPipe (megatron/model/gpt_model.py, 2021-22) hands DeepSpeed's PipelineModule
+# a list of layer specs: three before the transformer layers (the 16-bit cast, the tied embedding, a
+# transpose) and, after them, a transpose, the final LayerNorm, the tied embedding as the head and, in
+# 16-bit training, a cast of the logits to fp32.
+DEEPSPEED_GPT_SPECS_BEFORE = 3
+DEEPSPEED_GPT_SPECS_AFTER = {True: 4, False: 3}  # keyed by 16-bit training
+
+
+def _deepspeed_probe(prefix: list[int], parts: int, bottleneck: float) -> tuple[list[int], bool]:
+    """One probe of DeepSpeed's ``_lprobe``: part boundaries that keep each part's weight under
+    ``bottleneck``, searching each boundary only in a window of ``len // parts`` items, and whether they
+    fit. Kept as DeepSpeed wrote it (including its early-exit test), since the result is what ran."""
+    n = len(prefix)
+    bounds = [0] + [n] * parts
+    window = n // parts
+    step = window
+    target = bottleneck
+    for p in range(1, parts):
+        while step < n and prefix[step] < target:
+            step += window
+        bounds[p] = bisect.bisect_left(prefix, target, lo=step - window, hi=min(step, n))
+        if bounds[p] == n:
+            return bounds, prefix[-1] - prefix[bounds[p - 1]] < bottleneck
+        target = prefix[bounds[p] - 1] + bottleneck
+    return bounds, target >= prefix[-1]
+
+
+def deepspeed_type_partition(n_layers: int, stages: int, sixteen_bit: bool = True) -> list[int] | None:
+    """Transformer layers per pipeline stage as DeepSpeed's pipeline engine placed Megatron-DeepSpeed's GPT
+    (``PipelineModule(partition_method='type:transformer')``): each transformer layer weighs 1 and every
+    other spec 0, and ``partition_balanced`` binary-searches the smallest bottleneck (tolerance 1e-3) for
+    which its windowed greedy probe fits, then cuts there. The cuts fill the first stages and leave the
+    deficit to the last: 70 layers over 12 stages give 6 each and 4 on the last stage, not 6 × 10 + 5 × 2.
+    deepspeed/runtime/pipe/module.py ``_partition_layers`` and runtime/utils.py ``partition_balanced``,
+    ``_rb_partition_balanced``, ``_lprobe``: the same code from v0.5.4 (Oct. 2021) to v0.8.2 (2023); its
+    December 2023 rewrite (#4312) postdates the stack this describes.
+
+    None where DeepSpeed would leave a stage without a transformer layer (the head then sits on an earlier
+    stage, which dtsim's layout cannot express) or the specs are no more than the stages (its uniform
+    fallback)."""
+    weights = ([0] * DEEPSPEED_GPT_SPECS_BEFORE + [1] * n_layers
+               + [0] * DEEPSPEED_GPT_SPECS_AFTER[sixteen_bit])
+    if len(weights) <= stages:
+        return None
+    prefix = list(itertools.accumulate(weights))
+    eps = 1e-3
+    lower, upper = prefix[-1] / stages, float(prefix[-1])
+    while upper > lower + eps:
+        mid = lower + (upper - lower) / 2
+        if _deepspeed_probe(prefix, stages, mid)[1]:
+            upper = mid
+        else:
+            lower = mid + eps
+    bounds, _ = _deepspeed_probe(prefix, stages, upper)
+    counts = [sum(weights[a:b]) for a, b in itertools.pairwise(bounds)]
+    return counts if min(counts) >= 1 and sum(counts) == n_layers else None

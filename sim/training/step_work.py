@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sim.cost.base import CostModel
 from sim.engine.job import Block
 from sim.engine.timeline import CLIP_GRAD, FSDP_COPY, GRAD_ACCUM, WEIGHT_CAST
+from sim.parallel.layout import deepspeed_type_partition
 from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import DTYPE_BYTES, FULL_PRECISIONS, MB, storage_dtype
 from sim.workload.kernels import (
@@ -166,6 +167,18 @@ def kernel_set(scenario: Scenario) -> KernelSet:
     par, tr = scenario.require_training()
     return with_overrides(KERNEL_SETS[tr.kernels], tr.fusion.model_dump(), par.scatter_gather,
                           tr.cross_entropy_kernel)
+
+
+def stage_layer_counts(ks: KernelSet, n_layers: int, pipeline: int, virtual_stages: int,
+                       given: list[int] | None, precision: str) -> list[int] | None:
+    """Transformer layers per model chunk: ``parallel.stage_layers`` when given; else, on a pipeline without
+    interleaving, where the kernel set's code base put them (``KernelSet.pipeline_partition``); None for
+    the balanced split (``sim.parallel.layout.partition_layers``)."""
+    if given is not None:
+        return list(given)
+    if ks.pipeline_partition == "deepspeed-type" and pipeline > 1 and virtual_stages == 1:
+        return deepspeed_type_partition(n_layers, pipeline, sixteen_bit=precision != "fp32")
+    return None
 
 
 def stack_notes(scenario: Scenario) -> list[str]:

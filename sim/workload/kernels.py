@@ -177,6 +177,11 @@ class KernelSet:
     # bf16 training shards the fp32 master weights and the optimizer state over the data-parallel ranks
     # whatever ZeRO stage is configured (DeepSpeed's BF16_Optimizer: sim.scenario.schema resolves zero 0 to 1)
     bf16_optimizer_shards: bool = False
+    # Where the layers go on a pipeline without interleaving when the scenario gives no parallel.stage_layers:
+    # "balanced" (as even as possible, earlier stages take the extra: Megatron-LM asserts an even split)
+    # or "deepspeed-type" (DeepSpeed's PipelineModule with partition_method 'type:transformer', which fills
+    # the first stages and leaves the deficit to the last: sim.parallel.layout.deepspeed_type_partition).
+    pipeline_partition: str = "balanced"
 
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
                 sequence_parallel: bool) -> list[tuple[str, str]]:
@@ -281,7 +286,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
             p2p_gather="partitioned", sequence_parallel=False, selective_recompute=False, bf16_optimizer_shards=True,
-            pipeline_zero_stages=(0, 1), interleaved_schedule=False,
+            pipeline_zero_stages=(0, 1), interleaved_schedule=False, pipeline_partition="deepspeed-type",
             features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
                             "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "
                             "engine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' and "

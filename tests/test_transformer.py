@@ -254,6 +254,18 @@ def test_embedding_collectives():
     )
 
 
+def test_embedding_gradient_is_dense_as_torch_builds_it():
+    """torch's embedding backward zero-fills the whole (vocabulary shard × h) gradient, then per token
+    reads the 16-bit gradient, writes and reads an fp32 partial sum, and writes the row: by hand for the
+    vocabulary shard ceil(V/4) and the learned position table (s × h, all tokens without SP)."""
+    b, s, h, t = 2, GPT.seq_len, GPT.hidden, 4
+    ops = embedding_ops(GPT, micro_batch=b, tp=t, sequence_parallel=False, dtype="bf16")
+    (wgrad,) = ops.backward_weight
+    vocab_shard = -(-GPT.vocab // t)
+    per_token = 2 + 4 + 4 + 2
+    assert wgrad.bytes == vocab_shard * h * 2 + b * s * h * per_token + s * h * 2 + b * s * h * per_token
+
+
 # ---------------------------------------------------------------------------------------- per iteration
 
 

@@ -781,13 +781,16 @@ def _with_fp8_casts(segments: tuple[Segment, ...], recipe: str = "delayed", sp_t
     return tuple(out)
 
 
+_EMB_PARTIAL_BYTES = 4 + 4  # an fp32 partial sum per token element, written then read (embedding backward)
+
+
 def embedding_ops(
     d: TransformerDims, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype: str
 ) -> LayerOps:
     """Vocab-parallel token lookup (+ learned positions, dropout); its partial rows are summed over TP.
 
     Forward: [lookup] → AR (RS with SP); [position add + dropout]. Backward: [dropout bwd] → AG with SP;
-    W: scatter-add of the output gradient into this GPU's vocabulary shard (and position table).
+    W: the dense gradient of this GPU's vocabulary shard (and position table), as torch builds it.
     """
     _check_parallel(d, micro_batch, tp, sequence_parallel, dtype)
     sp = sequence_parallel and tp > 1
@@ -809,8 +812,13 @@ def embedding_ops(
         dropout = elementwise("embedding_dropout", local * h * 3 * e if learned else 0.0, act,
                               flops=float(local * h) if learned else 0.0)
     dropout_b = _dropout_add_bwd("embedding_dropout.bwd", local, h, act, drop, bias=False)
-    # Read the gradient, read-modify-write the touched rows.
-    wgrad_bytes = 3 * tokens * h * e + (3 * local * h * e if learned else 0)
+    # torch's embedding backward (embedding_dense_backward_cuda → embedding_backward_cuda_kernel,
+    # aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu) returns a dense gradient: ``at::zeros`` of the
+    # whole table shard (written once), then per token it reads the incoming gradient, writes and reads
+    # back an fp32 partial sum per sorted segment, and writes the summed rows: 2e + 8 bytes per element.
+    # The learned position table (s × h) goes through the same kernel.
+    wgrad_bytes = (math.ceil(d.vocab / t) * h * e + tokens * h * (2 * e + _EMB_PARTIAL_BYTES)
+                   + ((d.seq_len * h * e + local * h * (2 * e + _EMB_PARTIAL_BYTES)) if learned else 0))
     wgrad = elementwise("embedding.wgrad", wgrad_bytes, act, flops=float(tokens * h))
     return LayerOps(
         forward=(_seg((lookup,), after_row, comm_bytes), _seg((dropout,), None, 0.0)),

@@ -40,6 +40,31 @@ def test_each_stack_lacks_what_its_code_lacked() -> None:
     assert all(_missing("transformer-engine", zero=z, **every) == [] for z in (0, 1, 2, 3))
 
 
+def test_megatron_lm_ran_only_even_stages() -> None:
+    """Megatron-LM 2021/2022 assert num_layers % pipeline == 0, each stage's layers divisible by its chunks,
+    and pipeline > 2 under interleaving; DeepSpeed's engine and Megatron-Core split any way."""
+    for ks in ("megatron-lm-2021", "megatron-lm-2022"):
+        assert _missing(ks, pipeline=5, layers=96) == [("parallel.pipeline", "5 (for 96 layers)")]
+        assert _missing(ks, pipeline=8, layers=96) == []
+        assert _missing(ks, pipeline=8, layers=96, schedule="interleaved-1f1b", virtual_stages=5) == [
+            ("parallel.pipeline", "8 × 5 chunks of 96 layers")]
+        assert _missing(ks, pipeline=8, layers=96, schedule="interleaved-1f1b", virtual_stages=4) == []
+        assert _missing(ks, pipeline=2, layers=96, schedule="interleaved-1f1b", virtual_stages=2) == [
+            ("parallel.schedule", "interleaved-1f1b")]
+        assert _missing(ks, pipeline=2, layers=4, stage_layers=[1, 3]) == [("parallel.stage_layers", "[1, 3]")]
+        assert _missing(ks, pipeline=2, layers=4, stage_layers=[2, 2]) == []
+    assert _missing("megatron-deepspeed-2022", pipeline=5, layers=96) == []
+    assert _missing("transformer-engine", pipeline=2, layers=4, stage_layers=[1, 3], schedule="interleaved-1f1b",
+                    virtual_stages=2) == []
+
+
+def test_plan_keeps_megatron_lm_stages_even() -> None:
+    sc = load_scenario(SC21)  # 96 layers, megatron-lm-2021
+    cands, _ = enumerate_candidates(sc, 1024)
+    assert cands and all(96 % (c.pipeline * c.virtual_stages) == 0 for c in cands)
+    assert not any(c.schedule == "interleaved-1f1b" and c.pipeline < 3 for c in cands)
+
+
 def test_shipped_scenarios_run_what_their_stack_ran() -> None:
     """Every published case and shipped scenario uses only what its training.kernels could run."""
     for path in sorted((ROOT / "scenarios").rglob("*.yaml")):

@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
+from sim.parallel.layout import stage_layers_for
 from sim.scenario.schema import Scenario
 from sim.workload.kernels import KERNEL_SETS
 from sim.workload.transformer import CHECKPOINTING_KINDS
@@ -90,6 +91,7 @@ def enumerate_candidates(
     m, tr = scenario.model, scenario.training
     per_node, layers, batch = scenario.cluster.gpus_per_node, m.layers, tr.global_batch
     ks = KERNEL_SETS[tr.kernels]  # only what the scenario's software stack could run (KernelSet.missing)
+    given_layers = scenario.parallel.stage_layers if scenario.parallel is not None else None
     pruned: dict[str, int] = {}
     out: list[Candidate] = []
 
@@ -124,7 +126,8 @@ def enumerate_candidates(
                                     drop("seq_len × micro-batch not divisible by tensor (SP)")
                                     continue
                                 if ks.missing(tensor=t, pipeline=p, schedule=sched, zero=zero, checkpointing=ck,
-                                              sequence_parallel=sp):
+                                              sequence_parallel=sp, layers=layers, virtual_stages=v,
+                                              stage_layers=stage_layers_for(given_layers, p, v)):
                                     drop(f"not in training.kernels {ks.name}")
                                     continue
                                 if zero == 0 and d > 1 and ks.bf16_optimizer_shards and tr.precision == "bf16":

@@ -76,6 +76,7 @@ Sources (public code, read at the period named):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -182,12 +183,20 @@ class KernelSet:
     # or "deepspeed-type" (DeepSpeed's PipelineModule with partition_method 'type:transformer', which fills
     # the first stages and leaves the deficit to the last: sim.parallel.layout.deepspeed_type_partition).
     pipeline_partition: str = "balanced"
+    # Megatron-LM (2021, 2022) builds num_layers // pipeline layers on every stage after asserting that the
+    # division is exact ("num_layers must be divisible by ...", megatron/model/transformer.py), and under the
+    # interleaved schedule that each stage's layers split evenly into its chunks and that the pipeline is
+    # deeper than 2 (megatron/arguments.py, v2.5 of Aug. 2021 and 189e72a of July 2022): no uneven stages.
+    even_pipeline_layers: bool = False
+    interleaved_min_pipeline: int = 2
 
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
-                sequence_parallel: bool) -> list[tuple[str, str]]:
+                sequence_parallel: bool, layers: int = 0, virtual_stages: int = 1,
+                stage_layers: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """The parts of a layout this code base had no way to run, as (scenario field, value) pairs; empty
         when it could run all of it. dtsim simulates such a layout with the method it knows (a what-if);
-        the planner leaves it out of its search."""
+        the planner leaves it out of its search. ``layers`` (0: not checked), ``virtual_stages`` and
+        ``stage_layers`` describe how the model's layers are cut into stages."""
         gaps = []
         if not self.model_parallel and tensor > 1:
             gaps.append(("parallel.tensor", str(tensor)))
@@ -201,8 +210,16 @@ class KernelSet:
             else self.zero_stages
         if zero not in stages:
             gaps.append(("parallel.zero", str(zero)))
-        if not self.interleaved_schedule and pipeline > 1 and schedule == "interleaved-1f1b":
+        interleaved = pipeline > 1 and schedule == "interleaved-1f1b"
+        if interleaved and (not self.interleaved_schedule or pipeline < self.interleaved_min_pipeline):
             gaps.append(("parallel.schedule", schedule))
+        if self.even_pipeline_layers and pipeline > 1:
+            chunks = pipeline * (virtual_stages if interleaved else 1)
+            if stage_layers is not None and len(set(stage_layers)) > 1:
+                gaps.append(("parallel.stage_layers", "[" + ", ".join(map(str, stage_layers)) + "]"))
+            elif layers and layers % chunks:
+                gaps.append(("parallel.pipeline", f"{pipeline} × {chunks // pipeline} chunks of {layers} layers"
+                             if chunks > pipeline else f"{pipeline} (for {layers} layers)"))
         return gaps
 
     @property
@@ -265,8 +282,11 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False, p2p_gather="list",
             sequence_parallel=False, selective_recompute=False, zero_stages=(0,),
+            even_pipeline_layers=True, interleaved_min_pipeline=3,
             features_source="NVIDIA/Megatron-LM gained --sequence-parallel and --recompute-granularity selective "
-                            "on 2022-05-20 (9aad920) and --use-distributed-optimizer on 2022-06-08 (d07d29d)",
+                            "on 2022-05-20 (9aad920) and --use-distributed-optimizer on 2022-06-08 (d07d29d); "
+                            "v2.5 asserts num_layers divisible by the pipeline (and each stage's layers by "
+                            "its chunks) and a pipeline deeper than 2 for the interleaved schedule",
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -275,9 +295,11 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
-            fused_cross_entropy=False, zero_stages=(0, 1),
+            fused_cross_entropy=False, zero_stages=(0, 1), even_pipeline_layers=True, interleaved_min_pipeline=3,
             features_source="Megatron-LM's distributed optimizer (2022-06-08, d07d29d) shards the optimizer "
-                            "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3",
+                            "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3; it asserts "
+                            "num_layers divisible by the pipeline (and each stage's layers by its chunks) and a "
+                            "pipeline deeper than 2 for the interleaved schedule (189e72a, July 2022)",
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),

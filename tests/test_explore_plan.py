@@ -311,3 +311,23 @@ def test_screen_follows_a_dp_stream_that_outweighs_the_backward():
     e = Estimator(load_scenario(path)).estimate(c)
     assert summary["exposed_comm_s"] > e.tp_comm_s + 0.5  # the DP stream is exposed by seconds, not ms
     assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE)
+
+
+def test_explanation_names_settings_the_stack_could_not_run(tmp_path):
+    """Under Megatron-DeepSpeed (no sequence parallelism or selective recomputation; with a pipeline, ZeRO
+    0 and 1 only) the winner's memory lines say so for those alternatives instead of pricing them; under
+    Transformer Engine every alternative gets its memory or its estimate."""
+    from sim.explore.explain import memory_choice
+
+    c = Candidate(2, 2, 2, 2, "1f1b", 1, 1, "full", False)
+    for kernels, lacking in (("megatron-deepspeed-2022", True), ("transformer-engine", False)):
+        data = {**with_changes(HAND_1P3B, training={"kernels": kernels, "precision": "fp16"}), "name": kernels}
+        est = Estimator(load_scenario(write(tmp_path, data)))
+        sp = memory_choice(est, c, "sequence_parallel", (False, True), {False: "off", True: "on"}, "SP")
+        zero = memory_choice(est, c, "zero", (0, 1, 2, 3), dict.fromkeys(range(4), ""), "ZeRO")
+        ck = memory_choice(est, c, "checkpointing", ("none", "selective", "full"),
+                           {"none": "", "selective": "", "full": ""}, "ckpt")
+        not_in = f"not in training.kernels {kernels}"
+        assert (f"on: {not_in}" in sp) is lacking
+        assert (f"2: {not_in}" in zero and f"3: {not_in}" in zero) is lacking and f"0: {not_in}" not in zero
+        assert (f"selective: {not_in}" in ck) is lacking and f"none: {not_in}" not in ck

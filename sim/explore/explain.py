@@ -27,7 +27,8 @@ ZERO_WHAT = {
     2: "shards optimizer states and gradients over the replicas",
     3: "shards weights too, gathering each layer's weights before use",
 }
-SP_WHAT = {False: "off", True: "splits the norm and dropout activations over the TP ranks"}
+SP_WHAT = {False: "every TP rank keeps the whole norm and dropout activations",
+           True: "splits the norm and dropout activations over the TP ranks"}
 
 
 def plural(count: int, noun: str) -> str:
@@ -144,7 +145,8 @@ def _data(result: PlanResult, win: Screened, m: int) -> str:
         return "DP 1: every GPU is needed inside the one replica (tensor × pipeline)"
     link = cl.intra_node.name if est.dp_span_nodes(c) <= 1 else cl.inter_node.name
     op = {0: "ring all-reduce", 3: "per-layer gathers and reduce-scatters"}.get(
-        c.zero, "reduce-scatter + all-gather"
+        c.zero, "all-reduce + all-gather" if c.zero == 1 and est.kernels.zero1_grad_all_reduce
+        else "reduce-scatter + all-gather"
     )
     return (
         f"DP {c.data} gets the remaining GPUs for throughput: {c.data} replicas each run "
@@ -178,8 +180,23 @@ def _shown(value) -> str:
     return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
+def stack_lacks(est: Estimator, c: Candidate) -> str | None:
+    """Why the scenario's software stack (``training.kernels``) could not run ``c``, or None: what
+    ``KernelSet.missing`` flags, and ZeRO 0 in bf16 where DeepSpeed's BF16_Optimizer shards anyway (the
+    planner's search leaves both out)."""
+    ks = est.kernels
+    if ks.missing(tensor=c.tensor, pipeline=c.pipeline, schedule=c.schedule, zero=c.zero,
+                  checkpointing=c.checkpointing, sequence_parallel=c.sequence_parallel, layers=est.dims.layers,
+                  virtual_stages=c.virtual_stages):
+        return f"not in training.kernels {ks.name}"
+    if c.zero == 0 and c.data > 1 and ks.bf16_optimizer_shards and est.precision == "bf16":
+        return "runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)"
+    return None
+
+
 def memory_choice(est: Estimator, c: Candidate, attr: str, options, what: dict, name: str) -> str:
-    """ "<name> X: what it does; peak P GB of C GB; Y would need Q GB (does not fit); Z: R GB, est. +s%"."""
+    """ "<name> X: what it does; peak P GB of C GB; Y would need Q GB (does not fit); Z: R GB, est. +s%";
+    an alternative the software stack could not run says so instead of a price."""
     cap = est.capacity
     mine = getattr(c, attr)
     parts = [
@@ -191,6 +208,10 @@ def memory_choice(est: Estimator, c: Candidate, attr: str, options, what: dict, 
         if opt == mine:
             continue
         alt = replace(c, **{attr: opt})
+        lacks = stack_lacks(est, alt)
+        if lacks:
+            parts.append(f"{_shown(opt)}: {lacks}")
+            continue
         peak = est.exact_memory(alt)["peak"]
         if peak > cap:
             parts.append(f"{_shown(opt)} would need {peak / GB:.1f} GB (does not fit)")

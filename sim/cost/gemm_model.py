@@ -9,7 +9,9 @@ the tile (and split-K factor) that loses least:
 - tile feed: a tile does BM·BN multiply-adds per K element it loads, BM + BN elements; small tiles spend
   relatively more time feeding the tensor cores (same guide, §Tile quantisation / arithmetic intensity);
 - pipeline fill and epilogue per tile, worth ``k_overhead`` K elements: short K (attention's head_dim,
-  thin projections) reaches far less than long K.
+  thin projections) reaches far less than long K. The epilogue (storing the tile's 16-bit output) is most
+  of it; where a public per-shape sweep exists (OpenXLA's GEMM table: H100, B200) the value is fitted to
+  it, and it counts twice the K elements in fp8 (sim/cost/reference.py).
 
 The ceiling those factors multiply is the measured best-shape throughput (MAMF) of the GPU, divided by
 the model's own factors at that shape, times the sustained-to-boost clock ratio under full power (MSMF /
@@ -36,8 +38,13 @@ class GemmShapeModel:
     k_overhead: float = 64.0  # pipeline fill + epilogue per tile, in K elements
     tile_feed: float = 8.0  # BM·BN/(BM+BN) at which feeding costs as much as computing (relative)
     # No shape beats the best one measured: MAMF is by definition the maximum over a sweep of M, N and K,
-    # so the model's small gain for K longer than the best shape's stops at that shape's rate.
+    # so the model's small gain for K longer than the best shape's stops at that shape's rate, and so does
+    # its K factor (``k_plateau``, the best shape's K): had longer K run faster, the sweep would have found
+    # its best at a longer K (mamf-finder's suggested sweeps reach K = 5376 on A100, 20480 on H100: its
+    # README). Without the plateau a long-K shape of ragged waves would run faster than the same waves at
+    # the best shape's K.
     cap_flops_per_s: float = math.inf
+    k_plateau: float = math.inf
 
     def tile_efficiency(self, bm: int, bn: int) -> float:
         """Feed cost of a tile relative to the largest (256×128) tile."""
@@ -60,7 +67,7 @@ class GemmShapeModel:
                 blocks = tiles * split
                 waves = math.ceil(blocks / self.sm_count)
                 wave_eff = blocks / (waves * self.sm_count)
-                k_slice = k / split
+                k_slice = min(k / split, self.k_plateau)
                 k_eff = k_slice / (k_slice + self.k_overhead)
                 # (split-K's reduction of the partial tiles is memory traffic, priced by the caller's bytes)
                 eff = useful * wave_eff * k_eff * self.tile_efficiency(bm, bn)

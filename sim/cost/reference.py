@@ -132,14 +132,20 @@ class ReferenceProfile:
 
         The ceiling scales with ``peak_flops_per_s / reference_peak_flops_per_s`` so the same profile
         prices other dtypes (fp8, tf32) at the same share of their own peak."""
-        probe = GemmShapeModel(1.0, sm_count, self.k_overhead, self.tile_feed)
+        # A tile's fixed cost (pipeline fill and, most of it, the epilogue storing its 16-bit output) takes
+        # as long whatever the operands' dtype, while a dtype of k× the peak streams K k× faster: counted in
+        # K elements it grows with the peak (fp8: twice bf16's; XLA's B200 sweep fits 768 for fp8 against
+        # 384 for bf16, sim/cost/reference/B200.json).
+        k_overhead = self.k_overhead * peak_flops_per_s / reference_peak_flops_per_s
+        probe = GemmShapeModel(1.0, sm_count, k_overhead, self.tile_feed, k_plateau=self.gemm_mamf_shape[2])
         at_best = probe.efficiency(*self.gemm_mamf_shape)
         ceiling = self.gemm_mamf_flops_per_s / at_best * self.sustained_clock_ratio
         if dtype == "fp8":
             ceiling *= self.fp8_vs_bf16_fraction
         scaled = ceiling * peak_flops_per_s / reference_peak_flops_per_s
         # capped at the best shape's own rate (MAMF × sustained clock, scaled): the sweep's maximum
-        return GemmShapeModel(scaled, sm_count, self.k_overhead, self.tile_feed, cap_flops_per_s=scaled * at_best)
+        return GemmShapeModel(scaled, sm_count, k_overhead, self.tile_feed, cap_flops_per_s=scaled * at_best,
+                              k_plateau=self.gemm_mamf_shape[2])
 
 
 @functools.cache

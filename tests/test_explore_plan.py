@@ -331,3 +331,27 @@ def test_explanation_names_settings_the_stack_could_not_run(tmp_path):
         assert (f"on: {not_in}" in sp) is lacking
         assert (f"2: {not_in}" in zero and f"3: {not_in}" in zero) is lacking and f"0: {not_in}" not in zero
         assert (f"selective: {not_in}" in ck) is lacking and f"none: {not_in}" not in ck
+
+
+def test_plan_simulates_on_while_the_screen_cannot_order_the_candidates():
+    """Past --top the planner keeps simulating candidates estimated within the screen's error (1.5 %) of the
+    best, up to twice --top: the screen errs by about as much as the main job's leading layouts lie apart."""
+    from sim.explore.estimate import Estimate
+    from sim.explore.plan import SCREEN_ERROR, choose
+    from sim.explore.search import Screened
+
+    def s(b: int, step: float) -> Screened:
+        c = Candidate(4, 2, 1, b, "1f1b", 1, 1, "none", True)
+        return Screened(c, c.gpus, Estimate(step, 0, 0, 0, 0, 0, 0, 0, 0), -1 / step, fits=True)
+
+    steps = [1.000, 1.005, 1.010, 1.014, 1.020, 1.030]  # 1 − 1/1.014 = 1.38 % < 1.5 % < 1 − 1/1.020 = 1.96 %
+    ranked = [s(b, t) for b, t in enumerate(steps, start=1)]
+    assert SCREEN_ERROR == 0.015
+
+    def picked(top: int) -> list[float]:
+        chosen, _ = choose(ranked, {8: None}, top, lambda _: {})
+        return [c.estimate.step_time_s for c, _ in chosen]
+
+    assert picked(2) == steps[:4]  # two, then two more within 1.5 %
+    assert picked(1) == steps[:2]  # at most twice --top
+    assert picked(5) == steps[:5]  # --top itself is always simulated

@@ -283,7 +283,8 @@ def add_explore_commands(sub) -> None:
         help="search data/tensor/pipeline layouts and settings for a transformer",
         description="Search data, tensor and pipeline degrees, micro-batch, schedule, ZeRO, checkpointing "
         "and "
-        "sequence parallelism; screen them with closed forms, simulate the best --top and the given "
+        "sequence parallelism; screen them with closed forms, simulate the best --top (and those the "
+        "screen cannot tell from the best) and the given "
         "configuration, and explain the winner. The global batch and precision stay as given; the GPU "
         "count is the cluster's unless --gpus is given.",
     )
@@ -302,7 +303,8 @@ def add_explore_commands(sub) -> None:
         help="rank by tokens/s (default), $ per 1M tokens, or days to train",
     )
     p.add_argument("--top", type=positive_int, default=None,
-                   help="candidates to simulate (default 3, sim.explore.plan.DEFAULT_TOP)")
+                   help="candidates to simulate (default 3, sim.explore.plan.DEFAULT_TOP), and on, up to twice "
+                        "as many, while the estimates lie within the screen's 1.5 %% error of the best")
     p.add_argument(
         "--max-micro-batch", type=positive_int, default=8, help="largest micro-batch tried (default 8)"
     )

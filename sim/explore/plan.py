@@ -4,7 +4,8 @@ The search space and objective are ``sim.explore.search``; printing and files ``
 
 Three filters, cheapest first: divisibility rules; model states (ZeRO formulas) larger than the GPU;
 then, in order of the closed-form estimate (``sim.explore.estimate``), the exact per-stage memory from
-``sim.build`` and the scenario's own validation, until ``--top`` candidates pass. Those, and the given
+``sim.build`` and the scenario's own validation, until ``--top`` candidates pass (and on while the
+estimates lie within the screen's error of the best, ``SCREEN_ERROR``). Those, and the given
 configuration, are simulated in worker processes and ranked by the objective.
 """
 
@@ -102,10 +103,13 @@ def _twin(a: Screened, b: Screened) -> bool:
     return dominated or abs(a.estimate.step_time_s / b.estimate.step_time_s - 1) < 0.005
 
 
-# Candidates simulated by default. The screen's estimates of the leading layouts err by −1 … +1.4 % against
-# their simulations (GPT-3 175B on 1,024 A100, `--top 10`), about as much as they lie apart: when they lie
-# that close, `--top` simulates more of them.
+# Candidates simulated by default.
 DEFAULT_TOP = 3
+# The screen's estimates of the leading layouts err by −1 … +1.4 % against their simulations (GPT-3 175B on
+# 1,024 A100, `--top 10`), about as much as such layouts lie apart, so it cannot order candidates that
+# close: past the top ones, every fitting candidate estimated within this share of the best is simulated
+# too, up to twice --top.
+SCREEN_ERROR = 0.015
 
 
 def _check_inputs(base, path: str, objective: str, top: int) -> None:
@@ -132,12 +136,17 @@ def choose(
     screened: list[Screened], estimators: dict[int, Estimator], top: int, resolve
 ) -> tuple[list[tuple[Screened, dict]], dict]:
     """Walk the estimate ranking: exact memory, then ``resolve`` (the scenario's own validation, returning
-    the resolved mapping or raising ScenarioError), until ``top`` candidates pass."""
+    the resolved mapping or raising ScenarioError), until ``top`` candidates pass, and then on while the
+    next one's estimate lies within ``SCREEN_ERROR`` of the best one's (at most ``2 × top``)."""
     chosen: list[tuple[Screened, dict]] = []
     counts = {"exact_checks": 0, "exact_no_fit": 0, "invalid": 0, "twins": 0}
     for s in screened:
-        if len(chosen) >= top or counts["exact_checks"] >= MAX_EXACT_CHECKS:
+        if counts["exact_checks"] >= MAX_EXACT_CHECKS:
             break
+        if len(chosen) >= top:
+            best = chosen[0][0].score
+            if len(chosen) >= 2 * top or abs(s.score - best) > SCREEN_ERROR * abs(best):
+                break
         if any(_twin(s, other) for other, _ in chosen):
             counts["twins"] += 1
             continue

@@ -112,7 +112,8 @@ DEEPSPEED_GPT_SPECS_AFTER = {True: 4, False: 3}  # keyed by 16-bit training
 def _deepspeed_probe(prefix: list[int], parts: int, bottleneck: float) -> tuple[list[int], bool]:
     """One probe of DeepSpeed's ``_lprobe``: part boundaries that keep each part's weight under
     ``bottleneck``, searching each boundary only in a window of ``len // parts`` items, and whether they
-    fit. Kept as DeepSpeed wrote it (including its early-exit test), since the result is what ran."""
+    fit. It takes the same steps as DeepSpeed's probe, its early-exit test included: the cuts it gives are
+    the ones that ran, quirks and all."""
     n = len(prefix)
     bounds = [0] + [n] * parts
     window = n // parts

@@ -12,7 +12,15 @@ import math
 from dataclasses import replace
 
 from sim.explore.estimate import Candidate, Estimator
-from sim.explore.search import CHECKPOINTING, PlanResult, Screened, candidate_of, check_memory, score_of
+from sim.explore.search import (
+    CHECKPOINTING,
+    PlanResult,
+    Screened,
+    candidate_of,
+    check_memory,
+    score_of,
+    stack_gap,
+)
 from sim.training.step_work import dense_layer_ops
 
 GB = 1e9
@@ -180,20 +188,6 @@ def _shown(value) -> str:
     return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
-def stack_lacks(est: Estimator, c: Candidate) -> str | None:
-    """Why the scenario's software stack (``training.kernels``) could not run ``c``, or None: what
-    ``KernelSet.missing`` flags, and ZeRO 0 in bf16 where DeepSpeed's BF16_Optimizer shards anyway (the
-    planner's search leaves both out)."""
-    ks = est.kernels
-    if ks.missing(tensor=c.tensor, pipeline=c.pipeline, schedule=c.schedule, zero=c.zero,
-                  checkpointing=c.checkpointing, sequence_parallel=c.sequence_parallel, layers=est.dims.layers,
-                  virtual_stages=c.virtual_stages):
-        return f"not in training.kernels {ks.name}"
-    if c.zero == 0 and c.data > 1 and ks.bf16_optimizer_shards and est.precision == "bf16":
-        return "runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)"
-    return None
-
-
 def memory_choice(est: Estimator, c: Candidate, attr: str, options, what: dict, name: str) -> str:
     """ "<name> X: what it does; peak P GB of C GB; Y would need Q GB (does not fit); Z: R GB, est. +s%";
     an alternative the software stack could not run says so instead of a price."""
@@ -208,7 +202,7 @@ def memory_choice(est: Estimator, c: Candidate, attr: str, options, what: dict, 
         if opt == mine:
             continue
         alt = replace(c, **{attr: opt})
-        lacks = stack_lacks(est, alt)
+        lacks = stack_gap(est.kernels, alt, est.dims.layers, est.precision)
         if lacks:
             parts.append(f"{_shown(opt)}: {lacks}")
             continue

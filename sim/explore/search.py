@@ -20,7 +20,7 @@ from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
 from sim.parallel.layout import stage_layers_for
 from sim.scenario.schema import Scenario
-from sim.workload.kernels import KERNEL_SETS
+from sim.workload.kernels import KERNEL_SETS, KernelSet
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
 OBJECTIVES = ("throughput", "cost", "time-to-train")
@@ -125,16 +125,27 @@ def enumerate_candidates(
                                 if sp and (m.seq_len * b) % t:
                                     drop("seq_len × micro-batch not divisible by tensor (SP)")
                                     continue
-                                if ks.missing(tensor=t, pipeline=p, schedule=sched, zero=zero, checkpointing=ck,
-                                              sequence_parallel=sp, layers=layers, virtual_stages=v,
-                                              stage_layers=stage_layers_for(given_layers, p, v)):
-                                    drop(f"not in training.kernels {ks.name}")
+                                cand = Candidate(d, t, p, b, sched, v, zero, ck, sp)
+                                gap = stack_gap(ks, cand, layers, tr.precision, stage_layers_for(given_layers, p, v))
+                                if gap:
+                                    drop(gap)
                                     continue
-                                if zero == 0 and d > 1 and ks.bf16_optimizer_shards and tr.precision == "bf16":
-                                    drop("ZeRO 0 runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)")
-                                    continue
-                                out.append(Candidate(d, t, p, b, sched, v, zero, ck, sp))
+                                out.append(cand)
     return out, pruned
+
+
+def stack_gap(ks: KernelSet, c: Candidate, layers: int, precision: str,
+              stage_layers: list[int] | None = None) -> str | None:
+    """Why the software stack ``ks`` could not run candidate ``c`` (None: it could): a part of the layout
+    ``KernelSet.missing`` flags, or ZeRO 0 in bf16 where DeepSpeed's BF16_Optimizer shards anyway (the
+    same run as ZeRO 1). The search leaves such candidates out; the winner's explanation names them."""
+    if ks.missing(tensor=c.tensor, pipeline=c.pipeline, schedule=c.schedule, zero=c.zero,
+                  checkpointing=c.checkpointing, sequence_parallel=c.sequence_parallel, layers=layers,
+                  virtual_stages=c.virtual_stages, stage_layers=stage_layers):
+        return f"not in training.kernels {ks.name}"
+    if c.zero == 0 and c.data > 1 and ks.bf16_optimizer_shards and precision == "bf16":
+        return "ZeRO 0 runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)"
+    return None
 
 
 def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop) -> list[tuple[str, int]]:

@@ -145,3 +145,23 @@ def test_plan_screen_prices_the_deepspeed_cuts():
     cand = Candidate(data=1, tensor=4, pipeline=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=0,
                      checkpointing="none", sequence_parallel=False)
     assert est._stage_layers(cand) == [8, 8, 8, 6]
+
+
+def test_a_deepspeed_cut_that_empties_stages_is_noted():
+    """70 layers over 16 stages: DeepSpeed fills 14 stages with 5 and leaves two empty; dtsim says so and
+    simulates the balanced split."""
+    from sim.training.step_work import stack_notes
+
+    base = {
+        "name": "ds-empty", "cluster": {"nodes": 16, "gpus_per_node": 8, "gpu": "A100-80GB"},
+        "model": {"kind": "transformer", "layers": 70, "hidden": 1024, "heads": 16, "seq_len": 512, "vocab": 32000},
+        "parallel": {"pipeline": 16, "tensor": 8},
+        "training": {"global_batch": 32, "precision": "bf16", "kernels": "megatron-deepspeed-2022"},
+    }
+    sc = scenario_from_dict(base)
+    notes = stack_notes(sc)
+    assert len(notes) == 1 and notes[0].startswith("parallel.pipeline: 16 — DeepSpeed's partition of 70 layers")
+    job, _ = build_job(sc, cost_model_for(sc))
+    assert [sum(w.name.startswith("L") for w in c.layers) for c in job.chunks] == [5] * 6 + [4] * 10
+    even = scenario_from_dict({**base, "parallel": {"pipeline": 14, "tensor": 8}, "cluster": {**base["cluster"], "nodes": 14}})
+    assert stack_notes(even) == []

@@ -193,9 +193,18 @@ def stack_notes(scenario: Scenario) -> list[str]:
                   layers=scenario.model.num_layers, virtual_stages=par.virtual_stages, stage_layers=par.stage_layers)
     gaps = ks.missing(**layout)
     able = [k.name for k in KERNEL_SETS.values() if not k.missing(**layout)]
-    return [f"{field}: {value} — training.kernels {ks.name} could not run it ({ks.features_source}); simulated "
-            f"anyway, as a what-if" + (f"; the whole layout runs under training.kernels {' or '.join(able)}"
-                                        if able else "") for field, value in gaps]
+    notes = [f"{field}: {value} — training.kernels {ks.name} could not run it ({ks.features_source}); simulated "
+             f"anyway, as a what-if" + (f"; the whole layout runs under training.kernels {' or '.join(able)}"
+                                         if able else "") for field, value in gaps]
+    layers = scenario.model.num_layers
+    if (ks.pipeline_partition == "deepspeed-type" and par.pipeline > 1 and par.virtual_stages == 1
+            and par.stage_layers is None
+            and stage_layer_counts(ks, layers, par.pipeline, 1, None, tr.precision) is None):
+        notes.append(f"parallel.pipeline: {par.pipeline} — DeepSpeed's partition of {layers} layers would leave "
+                     "stages without a transformer layer (its head then on an earlier stage), which dtsim's "
+                     "layout cannot express; simulated with the balanced split (set parallel.stage_layers to "
+                     "choose the cuts)")
+    return notes
 
 
 def reduced_grad_bytes(scenario: Scenario) -> int:

@@ -7,6 +7,7 @@ on NVLink), then data, then pipeline: rank = tp + T·(dp + D·pp).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -130,6 +131,13 @@ def _deepspeed_probe(prefix: list[int], parts: int, bottleneck: float) -> tuple[
 
 
 def deepspeed_type_partition(n_layers: int, stages: int, sixteen_bit: bool = True) -> list[int] | None:
+    """The cuts of ``_deepspeed_type_cuts`` (cached: the planner asks per candidate), as a fresh list."""
+    cuts = _deepspeed_type_cuts(n_layers, stages, sixteen_bit)
+    return None if cuts is None else list(cuts)
+
+
+@functools.cache
+def _deepspeed_type_cuts(n_layers: int, stages: int, sixteen_bit: bool) -> tuple[int, ...] | None:
     """Transformer layers per pipeline stage as DeepSpeed's pipeline engine placed Megatron-DeepSpeed's GPT
     (``PipelineModule(partition_method='type:transformer')``): each transformer layer weighs 1 and every
     other spec 0, and ``partition_balanced`` binary-searches the smallest bottleneck (tolerance 1e-3) for
@@ -156,5 +164,5 @@ def deepspeed_type_partition(n_layers: int, stages: int, sixteen_bit: bool = Tru
         else:
             lower = mid + eps
     bounds, _ = _deepspeed_probe(prefix, stages, upper)
-    counts = [sum(weights[a:b]) for a, b in itertools.pairwise(bounds)]
+    counts = tuple(sum(weights[a:b]) for a, b in itertools.pairwise(bounds))
     return counts if min(counts) >= 1 and sum(counts) == n_layers else None

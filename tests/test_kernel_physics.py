@@ -366,9 +366,12 @@ def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_mamf_share() -> None:
     assert norm.bytes == bf.forward[0].ops[0].bytes - tokens * 4096 * (2 - 1)
     assert transpose.bytes == tokens * 4096 * 2
     h100 = RooflineCostModel(GPU_PRESETS["H100-SXM"])
-    mamf_shape = (6144, 17920, 2816)  # the fp8 MAMF share holds at the best shape
-    ratio = h100.gemm_model("fp8").flops_per_s(*mamf_shape) / h100.gemm_model("bf16").flops_per_s(*mamf_shape)
-    assert ratio == pytest.approx(2 * (1453.4 / 1979) / (828.0 / 989), rel=1e-3)
+    mamf_shape = (6144, 17920, 2816)  # the best shape, and any longer K (the model's K plateau)
+    # fp8 sustains what the power-saturated sweep measured against bf16 on the same die (H200 MSMF: fp8 1288.7,
+    # bf16 708.5 TFLOP/s; the boost-burst MAMF ratio, 1491.9 / 841.9, would be 2.6 % higher)
+    for shape in (mamf_shape, (8192, 8448, 20480)):
+        ratio = h100.gemm_model("fp8").flops_per_s(*shape) / h100.gemm_model("bf16").flops_per_s(*shape)
+        assert ratio == pytest.approx(1288.7 / 708.5, rel=1e-3)
     # A tile's fixed cost counts twice the K elements in fp8 (same epilogue, mainloop twice as fast), so
     # short K loses more: at K = 512 fp8 keeps less of its best-shape rate than bf16 does.
     short = (6144, 17920, 512)

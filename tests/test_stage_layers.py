@@ -165,3 +165,27 @@ def test_a_deepspeed_cut_that_empties_stages_is_noted():
     assert [sum(w.name.startswith("L") for w in c.layers) for c in job.chunks] == [5] * 6 + [4] * 10
     even = scenario_from_dict({**base, "parallel": {"pipeline": 14, "tensor": 8}, "cluster": {**base["cluster"], "nodes": 14}})
     assert stack_notes(even) == []
+
+
+def test_end_chunks_may_hold_only_embedding_and_head():
+    """Meta's Llama 3 pipeline: one layer per model chunk, the first chunk only the embedding and the last only
+    the head, so a transformer may have two layers fewer than model chunks when stage_layers says where they
+    go (without it, too few layers stays a one-line error). Timing: the 2-stage × 2-chunk pipeline of 2
+    layers runs the same layer work as 2 stages of 1 layer (no layer is lost or duplicated)."""
+    base = {
+        "name": "end-chunks", "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "A100-80GB", "gpu_speed_spread": 0.0},
+        "model": {"kind": "transformer", "layers": 2, "hidden": 1024, "heads": 16, "seq_len": 512, "vocab": 32000},
+        "parallel": {"pipeline": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "stage_layers": [0, 1, 1, 0]},
+        "training": {"global_batch": 4},
+    }
+    sc = scenario_from_dict(base)
+    job, info = build_job(sc, cost_model_for(sc))
+    layers_per_chunk = [sum(w.name.startswith("L") for w in chunk.layers) for chunk in job.chunks]
+    assert sorted(layers_per_chunk) == [0, 0, 1, 1]
+    assert simulate(sc).summary["step_time_s"] > 0
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict({**base, "parallel": {**base["parallel"], "stage_layers": None}})
+    assert "fewer than pipeline×virtual_stages" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict({**base, "parallel": {**base["parallel"], "stage_layers": [1, 0, 1, 0]}})
+    assert "stage_layers[1]" in str(e.value)

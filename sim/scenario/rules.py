@@ -61,7 +61,9 @@ def _stages(sc: Scenario) -> None:
     if p is None or isinstance(m, CollectiveModel):
         return
     chunks = p.pipeline * p.virtual_stages
-    if m.num_layers < chunks:
+    # Given stage_layers, _stage_layers checks them (a transformer's first and last chunk may hold only
+    # the embedding or the head, as Llama 3's pipeline did: one layer fewer on the first and last stage).
+    if m.num_layers < chunks and p.stage_layers is None:
         raise RuleError(
             "model.layers",
             f"{m.num_layers} layers",

@@ -347,7 +347,7 @@ def test_gradient_accumulation_fusion_removes_the_pass() -> None:
     assert simulate(fused).summary["step_time_s"] < slow
 
 
-def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_mamf_share() -> None:
+def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_sustained_share() -> None:
     """Transformer Engine fp8 (delayed scaling): a GEMM input its norm produces (QKV's) is quantized by
     the norm kernel itself, which writes 1 byte per element instead of 2, and transposed for the weight
     gradient (1 + 1); any other fp8 GEMM input (the output projection's) is cast_transposed (2 + 1 + 1).

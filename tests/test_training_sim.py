@@ -354,6 +354,59 @@ def test_symmetric_matches_full_when_every_collective_is_a_ring(zero: int, tp: i
         assert mine[g]["compute_s"] == pytest.approx(theirs[g]["compute_s"], rel=1e-6), g
 
 
+@pytest.mark.parametrize("kernels,zero,nics,dp,tp,pp,steps", [
+    ("megatron-lm-2021", 0, 8, 4, 2, 2, 1), ("megatron-lm-2021", 0, 2, 8, 2, 1, 1),
+    ("megatron-deepspeed-2022", 1, 1, 2, 4, 2, 1), ("megatron-deepspeed-2022", 1, 1, 4, 4, 1, 1),
+    # several steps: only with DP as rings (ZeRO-1's reduce-scatter and all-gather)
+    ("megatron-lm-2022", 1, 1, 2, 4, 2, 2), ("megatron-lm-2022", 1, 2, 8, 2, 1, 2)])
+def test_tp_collectives_are_reused_when_dp_waits_for_the_backward(kernels: str, zero: int, nics: int, dp: int,
+                                                                   tp: int, pp: int, steps: int,
+                                                                   monkeypatch) -> None:
+    """Tensor groups narrower than a node share NVLink ports with the data-parallel hops between them. When
+    every DP collective waits for the end of the backward pass (Megatron-LM 2021 and Megatron-DeepSpeed:
+    no overlapped reduction, ZeRO ≤ 1) the two never run together, so the symmetric run simulates each TP
+    collective once and reuses it, and still equals the run with every GPU simulated."""
+    from sim.engine import symmetry
+
+    seen: list[tuple] = []
+    init = symmetry.Symmetry.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        seen.append((self.apart, self.cacheable))
+
+    monkeypatch.setattr(symmetry.Symmetry, "__init__", spy)
+    over = dict(cluster__nics_per_node=nics, parallel__data=dp, parallel__tensor=tp, parallel__pipeline=pp,
+                parallel__sequence_parallel=False, parallel__zero=zero,
+                training__global_batch=dp * 2 * 4, training__kernels=kernels, simulation__steps=steps)
+    full = simulate(scenario_from_dict(_tiny(simulation__symmetry="off", **over))).summary
+    sym = simulate(scenario_from_dict(_tiny(simulation__symmetry="on", **over))).summary
+    apart, cacheable = seen[-1]
+    assert apart == {frozenset(("tp", "dp"))} and "tp" in cacheable
+    assert sym["collective_algorithms"] == full["collective_algorithms"]
+    assert sym["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+
+
+def test_overlapped_gradient_reduction_keeps_tp_and_dp_together() -> None:
+    """Reduction during the backward pass (Megatron-Core's overlap_grad_reduce, the default kernel set) runs
+    beside the TP collectives: no pair of kinds is apart."""
+    from sim.engine.executor import TrainingExecutor
+
+    seen: list[frozenset] = []
+    orig = TrainingExecutor._apart_kinds
+
+    def spy(self):
+        seen.append(orig(self))
+        return seen[-1]
+
+    TrainingExecutor._apart_kinds = spy  # type: ignore[method-assign]
+    try:
+        simulate(scenario_from_dict(_tiny(parallel__data=4, parallel__tensor=2, parallel__pipeline=2)))
+    finally:
+        TrainingExecutor._apart_kinds = orig  # type: ignore[method-assign]
+    assert seen == [frozenset()]
+
+
 def test_cross_stage_all_reduce_waits_as_idle_not_as_communication() -> None:
     # The gradient-norm all-reduce spans every pipeline stage: stages that finish first wait for the last
     # in it. That wait is pipeline idle time; only the all-reduce itself is communication. So turning

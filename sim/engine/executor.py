@@ -116,7 +116,8 @@ class TrainingExecutor:
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
         self._plans: dict[tuple, _Plan] = {}  # (g, kind, op, bytes) -> _plan(...)
-        sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds())
+        sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds(),
+                       apart=self._apart_kinds())
         self._group = sym.group
         self._same_place = sym.same_place
         self._mirror_groups = sym.mirror_groups
@@ -706,6 +707,25 @@ class TrainingExecutor:
         dp_rings = job.zero == 1 and job.compression_ratio is None and all(
             COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
         return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
+
+    def _apart_kinds(self) -> frozenset[frozenset[str]]:
+        """{"tp", "dp"} when a stage's data-parallel traffic never runs beside its tensor-parallel traffic,
+        else nothing (``Symmetry.apart``). So it is when every DP collective waits for the stage's last
+        backward: gradients reduced after the backward pass (no ``overlap_grad_sync``; ZeRO ≤ 1, whose
+        gradients are not reduce-scattered per micro-batch and whose parameters are not gathered per layer),
+        the update's parameters gathered before the next step (no ``overlap_param_gather``), no compression,
+        experts or context parallelism (their groups interleave with both). A GPU's DP collective starts once
+        its TP group's last collective of the backward is done (each GPU's actions run in order), and the
+        links a node's DP hops share with TP rings are those of the same stage's GPUs. Across steps, a tree
+        lets a rank go on while its links still carry the others' data, so with several steps DP must run
+        as rings only (``_ring_only_kinds``)."""
+        job = self.job
+        if (job.overlap_grad_sync or job.zero > 1 or job.overlap_param_gather or job.compression_ratio is not None
+                or job.ep > 1 or job.cp > 1 or job.tp == 1 or job.dp == 1):
+            return frozenset()
+        if job.steps > 1 and "dp" not in self._ring_only_kinds():
+            return frozenset()
+        return frozenset({frozenset(("tp", "dp"))})
 
     def _grad_op(self) -> str:
         job = self.job

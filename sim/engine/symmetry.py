@@ -21,7 +21,8 @@ class Symmetry:
     """The groups of every GPU and, in symmetric mode, the mirrored traffic to simulate."""
 
     def __init__(self, topology: Topology, layout: Layout, pp: int, comm: CommConfig, gpus: list[int],
-                 symmetric: bool, ring_only: set[str] | None = None):
+                 symmetric: bool, ring_only: set[str] | None = None,
+                 apart: frozenset[frozenset[str]] = frozenset()):
         self.topology = topology
         self.layout = layout
         self.pp = pp
@@ -34,6 +35,10 @@ class Symmetry:
         # exactness: identical to the full simulation on the small layouts tested (tests/
         # test_training_sim.py), within 0.2 % of the step on the 175B plan winner's layout (README).
         self.ring_only = ring_only or set()
+        # Pairs of kinds whose traffic never runs at the same time (``TrainingExecutor._apart_kinds``: e.g.
+        # TP and DP when every DP collective waits for the end of the backward pass): sharing a link with
+        # each other does not stop a kind's collectives being simulated once and reused (``cacheable``).
+        self.apart = apart
         self._link_cache: dict[tuple, set[int]] = {}
         self._route_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -106,7 +111,8 @@ class Symmetry:
         return {link for r in self._group_routes(group) for link in r} & self.binding
 
     def _cacheable_kinds(self) -> set[str]:
-        """Collective kinds whose links no other traffic of the job can touch (symmetric mode only).
+        """Collective kinds whose links no other traffic of the job can touch while they run (symmetric mode
+        only): none shares them, or only kinds that run at other times (``apart``).
 
         Such a collective always runs on otherwise idle links, so its duration depends only on its
         shape: simulate it once, then reuse the measured duration (exact, and much faster)."""
@@ -131,7 +137,8 @@ class Symmetry:
                 if 0 <= s2 < self.pp:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self.p2p_mirrors(g, s2)]:
                         use(set(self.topology.route_links(a, b)) & self.binding, ("pp", a))
-        shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners}
+        shared = {o[0] for owners in users.values() if len(owners) > 1 for o in owners
+                  if any(o2 != o and frozenset((o[0], o2[0])) not in self.apart for o2 in owners)}
         return {k for k in KINDS if k not in shared}
 
     def group(self, g: int, kind: str) -> list[int]:

@@ -27,7 +27,7 @@ from sim.training.loss_scale import simulate as simulate_loss_scale
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import moe as moe_ops
 from sim.workload import transformer as tf
-from sim.workload.kernels import P2P_GATHERS, fused_softmax_runs, persistent_norm
+from sim.workload.kernels import P2P_GATHERS, fused_softmax_runs, p2p_blocks, persistent_norm
 from sim.workload.layers import checkpoint_bytes, generic_layer_ops
 from sim.workload.ops import elementwise
 
@@ -376,7 +376,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     tokens_bytes = 2 * b * seq * 8  # int64 tokens and labels
     job.data = Block("load micro-batch", tokens_bytes / sw.H2D_Bps + cost.op_time_s(
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
-    job.blocking_p2p = ks.blocking_p2p
+    job.blocking_p2p = p2p_blocks(ks, par.schedule, par.overlap_p2p_comm)
+    job.p2p_device_sync = job.blocking_p2p and ks.p2p_device_sync
     # DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1 (sim.workload.kernels).
     job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather

@@ -196,13 +196,18 @@ def test_a_synchronous_step_waits_for_the_slowest_gpu():
     assert s0.get("slowest_gpu_factor") is None
 
 
-def test_symmetric_spread_matches_every_gpu_simulated_on_a_pipeline():
+@pytest.mark.parametrize("overlap_p2p,rel", [(True, 0.015), (False, 0.035)])
+def test_symmetric_spread_matches_every_gpu_simulated_on_a_pipeline(overlap_p2p: bool, rel: float):
     """d 4 × t 4 × p 4 (64 GPUs), 1F1B: the representative of a stage takes the stage's slowest GPU over all
     replicas. Every GPU simulated, only the slow GPU's replica has that stage slow; the steady state runs
-    at the slowest stage either way, so the two differ mostly by the fill and drain (0.8 % here)."""
+    at the slowest stage either way, so the two differ mostly by the fill and drain (0.9 % here with the
+    exchanges beside compute). When each exchange is waited for (Megatron-Core's 1F1B) the full run's sends,
+    the replicas out of step, meet one another on shared links at other moments than the representative's
+    mirrored sends do (some take up to 1.9× as long; each waits for its own), and its slowest replica
+    ends 2.8 % later than the representative (measured)."""
     d = {"name": "pipe", "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "A100-80GB", "gpu_speed_spread": 0.02},
          "model": {"kind": "transformer", "preset": "gpt3-1.3b", "layers": 8, "seq_len": 512},
-         "parallel": {"data": 4, "tensor": 4, "pipeline": 4, "schedule": "1f1b"},
+         "parallel": {"data": 4, "tensor": 4, "pipeline": 4, "schedule": "1f1b", "overlap_p2p_comm": overlap_p2p},
          "training": {"global_batch": 64}, "simulation": {"steps": 1, "seed": 0}}
     res = {}
     for sym in ("on", "off"):
@@ -211,7 +216,7 @@ def test_symmetric_spread_matches_every_gpu_simulated_on_a_pipeline():
     assert res["on"]["slowest_gpu_factor"] == pytest.approx(res["off"]["slowest_gpu_factor"])
     excess = {k: v["step_time_s"] / same["step_time_s"] - 1 for k, v in res.items()}
     assert excess["off"] > 0.25 * (res["off"]["slowest_gpu_factor"] - 1)  # the slow GPUs really hold it back
-    assert res["on"]["step_time_s"] == pytest.approx(res["off"]["step_time_s"], rel=0.015)
+    assert res["on"]["step_time_s"] == pytest.approx(res["off"]["step_time_s"], rel=rel)
 
 
 def test_summary_says_how_slow_the_slowest_gpu_is_and_how_to_turn_it_off():

@@ -585,6 +585,8 @@ class TrainingExecutor:
                     if vs > 0:
                         self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
                         yield self._event(("F", g, step, vs, a.microbatch))
+                        if job.p2p_device_sync:
+                            yield from self._device_sync(dp_events)
                         yield from self._gather(g, "act", args)
                     elif job.data is not None:
                         yield from self._blocks(g, (job.data,), COMPUTE, args, f"F{a.microbatch}")
@@ -606,10 +608,14 @@ class TrainingExecutor:
                                            a.microbatch), f"send act mb{a.microbatch}")
                         if job.blocking_p2p:
                             yield sent
+                            if job.p2p_device_sync:
+                                yield from self._device_sync(dp_events)
                 else:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
+                        if job.p2p_device_sync:
+                            yield from self._device_sync(dp_events)
                         if job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
                             yield from self._gather(g, "output", args)
                         yield from self._gather(g, "grad", args)
@@ -669,6 +675,8 @@ class TrainingExecutor:
                                                a.microbatch), f"send grad mb{a.microbatch}")
                             if job.blocking_p2p:
                                 yield sent
+                                if job.p2p_device_sync:
+                                    yield from self._device_sync(dp_events)
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)
@@ -685,6 +693,13 @@ class TrainingExecutor:
             self.step_end_s[step] = max(self.step_end_s[step], self.env.now)
         self._finished.add(g)
         self._waiting.pop(g, None)
+
+    def _device_sync(self, dp_events: list[simpy.Event]):
+        """torch.cuda.synchronize() after a waited pipeline exchange (``job.p2p_device_sync``): the host
+        launches nothing more until the GPU's gradient reductions in flight on their own stream are done."""
+        pending = [e for e in dp_events if not e.processed]
+        if pending:
+            yield self.env.all_of(pending)
 
     def _ring_only_kinds(self) -> set[str]:
         """"tp"/"dp" when every collective of that kind runs as a ring: TP's as the tuner chooses them for

@@ -94,7 +94,9 @@ class TrainingJob:
     clip: Block | None = None  # gradient-norm pass; then a 4-byte all-reduce over the model-parallel group
     embedding_sync_bytes: float = 0.0  # tied embeddings across stages: first↔last stage gradient all-reduce
     data: Block | None = None  # loading a micro-batch (first virtual stage, before its forward)
-    blocking_p2p: bool = False  # a pipeline send completes before its sender goes on (Megatron 2021-22)
+    blocking_p2p: bool = False  # a pipeline exchange completes before its GPU computes on (sim.workload.kernels.p2p_blocks)
+    # ... and then the host synchronizes the device: the GPU's gradient reductions in flight finish first
+    p2p_device_sync: bool = False
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     gather_copy: Block | None = None  # the receiver's copies around each such all-gather (kernels.P2P_GATHERS)

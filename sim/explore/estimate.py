@@ -51,7 +51,7 @@ from sim.training.step_work import (
 )
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
-from sim.workload.kernels import P2P_GATHERS, persistent_norm
+from sim.workload.kernels import P2P_GATHERS, p2p_blocks, persistent_norm
 from sim.workload.ops import elementwise
 
 
@@ -181,6 +181,7 @@ class Estimator:
         self.bucket_MB = par.bucket_MB
         self.overlap_grad_sync = par.overlap_grad_sync
         self.overlap_param_gather = par.overlap_param_gather
+        self.overlap_p2p_comm = par.overlap_p2p_comm
         self.capacity = scenario.gpu.memory_bytes
         self.nccl = scenario.gpu.nccl_ctas()
         # Synchronous training runs at its slowest GPU's pace: compute × the expected slowest factor of the
@@ -390,7 +391,7 @@ class Estimator:
                 gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation) + (
                     self.slowest * self.cost.op_time_s(elementwise("p2p gather copies", copied, act_dtype))
                     if copied > 0 else 0.0)
-        hop = p2p_hop if ks.blocking_p2p else 0.0
+        hop = p2p_hop if p2p_blocks(ks, c.schedule, self.overlap_p2p_comm) else 0.0
         t_max = max(stage_t)
         # Per micro-batch a stage receives (and rebuilds) its input once forward and its gradient once
         # backward per chunk (DeepSpeed rebuilds its own output before the backward as well).

@@ -48,6 +48,14 @@ class Parallel(_Strict):
         "--no-scatter-gather-tensors-in-pipeline), or every rank sends it whole; default: what training.kernels "
         "did (Megatron-LM, Megatron-DeepSpeed: on)",
     )
+    overlap_p2p_comm: bool | None = Field(
+        None,
+        description="pipeline sends and receives run beside compute (Megatron-Core's overlap_p2p_comm), or each "
+        "exchange completes before the GPU computes on, the host then synchronizing the device (Megatron's "
+        "batched p2p with batch_p2p_sync); default: what training.kernels did for the schedule — Megatron-LM "
+        "2021/2022 and Megatron-DeepSpeed wait; Megatron-Core (transformer-engine) overlaps under "
+        "interleaved-1f1b, as NeMo and Megatron-Bridge configure it, and waits under every other schedule",
+    )
     tp_comm_overlap: bool = Field(
         False,
         description="Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their "

@@ -93,7 +93,10 @@ class KernelSet:
     gradient_accumulation_fusion: bool  # wgrad GEMM accumulates into fp32 main_grad (else a separate add)
     grad_reduce_fp32: bool  # data-parallel gradients reduced in fp32 (Megatron with bf16 always does)
     overlap_grad_reduce: bool  # default parallel.overlap_grad_sync
-    blocking_p2p: bool  # pipeline sends complete before the sender computes on
+    # Pipeline exchanges complete before the GPU computes on (Megatron's batch_isend_irecv followed by waits,
+    # DeepSpeed's dist.send/recv); else they run beside compute. See ``overlap_p2p_interleaved`` and
+    # ``p2p_blocks`` for the interleaved schedule and parallel.overlap_p2p_comm.
+    blocking_p2p: bool
     scatter_gather_p2p: bool  # activations sent 1/t per TP rank, all-gathered on arrival (Megatron)
     zero1_grad_all_reduce: bool = False  # ZeRO-1: gradients all-reduced in full, not reduce-scattered
     # Column-parallel linears overlap their backward collective with their weight-gradient GEMM, and with
@@ -126,6 +129,18 @@ class KernelSet:
     # The optimizer step's kernels: "fused" (apex FusedAdam / multi-tensor apply: each tensor read and
     # written once) or "unfused" (one torch kernel per arithmetic step, e.g. Composer's DecoupledAdamW).
     optimizer_impl: str = "fused"
+    # Under the interleaved schedule the exchanges run beside compute: Megatron-Core's overlap_p2p_comm
+    # (posted early, waited just before use), which NeMo's launcher yamls and Megatron-Bridge's
+    # CommOverlapConfig (src/megatron/bridge/training/comm_overlap.py: overlap_p2p_comm with virtual
+    # pipelining, else batch_p2p_comm) turn on with virtual pipelining. Its non-interleaved schedule always waits
+    # (megatron/core/pipeline_parallel/p2p_communication.py, ``send_forward`` & co. call ``_communicate``
+    # with wait_on_reqs=True; core_r0.8.0, 2024).
+    overlap_p2p_interleaved: bool = False
+    # After each waited exchange the host synchronizes the whole device: Megatron-LM 2021-22's
+    # ``torch.cuda.synchronize()`` after batch_isend_irecv, and Megatron-Core's ``batch_p2p_sync`` (on by
+    # default, and NeMo sets it), so a gradient reduction in flight on another stream must finish before the
+    # next kernel is launched. DeepSpeed's pipeline engine waits on its own p2p only (dist.send/recv).
+    p2p_device_sync: bool = True
     # Gradient clipping multiplies every gradient by the clamped coefficient (torch's clip_grad_norm_ and
     # FSDP's), not only when the norm exceeds the threshold (Megatron's clip_grad_norm_fp32).
     clip_always_scales: bool = False
@@ -307,7 +322,8 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-deepspeed-2022", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
-            p2p_gather="partitioned", sequence_parallel=False, selective_recompute=False, bf16_optimizer_shards=True,
+            p2p_gather="partitioned", p2p_device_sync=False, sequence_parallel=False, selective_recompute=False,
+            bf16_optimizer_shards=True,
             pipeline_zero_stages=(0, 1), interleaved_schedule=False, pipeline_partition="deepspeed-type",
             features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
                             "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "
@@ -319,7 +335,8 @@ KERNEL_SETS: dict[str, KernelSet] = {
         KernelSet(
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
-            blocking_p2p=False, scatter_gather_p2p=False, tp_backward_overlap=True, norm_kernel="persistent",
+            blocking_p2p=True, overlap_p2p_interleaved=True, scatter_gather_p2p=False, tp_backward_overlap=True,
+            norm_kernel="persistent",
             te_attention=True, fp8_weight_cache=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
@@ -371,6 +388,17 @@ def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
     if cross_entropy_kernel != "auto":
         changes["cross_entropy_kernel"] = cross_entropy_kernel
     return replace(ks, **changes) if changes else ks
+
+
+def p2p_blocks(ks: KernelSet, schedule: str, overlap_p2p_comm: bool | None = None) -> bool:
+    """Whether a pipeline exchange completes before its GPU computes on: ``parallel.overlap_p2p_comm`` when
+    given (Megatron-Core's name; true: beside compute), else what the kernel set's code did for the schedule
+    (``KernelSet.blocking_p2p``, ``overlap_p2p_interleaved``)."""
+    if overlap_p2p_comm is not None:
+        return not overlap_p2p_comm
+    if schedule == "interleaved-1f1b" and ks.overlap_p2p_interleaved:
+        return False
+    return ks.blocking_p2p
 
 
 def fused_softmax_runs(ks: KernelSet, seq_len: int, batch_heads: int, dtype: str) -> bool:

@@ -111,6 +111,7 @@ class TrainingExecutor:
         self._finished: set[int] = set()
         self.step_end_s: list[float] = [0.0] * job.steps
         self._streams: dict[tuple[int, str], Stream] = {}
+        self._dp_last: dict[int, simpy.Event] = {}  # the last work queued on each GPU's data-parallel stream
         self._mem: dict[int, float] = {}
         self._cache: dict[tuple, float] = {}
         self.comm = world.comm or CommConfig()
@@ -586,7 +587,7 @@ class TrainingExecutor:
                         self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
                         yield self._event(("F", g, step, vs, a.microbatch))
                         if job.p2p_device_sync:
-                            yield from self._device_sync(dp_events)
+                            yield from self._device_sync(g)
                         yield from self._gather(g, "act", args)
                     elif job.data is not None:
                         yield from self._blocks(g, (job.data,), COMPUTE, args, f"F{a.microbatch}")
@@ -609,13 +610,13 @@ class TrainingExecutor:
                         if job.blocking_p2p:
                             yield sent
                             if job.p2p_device_sync:
-                                yield from self._device_sync(dp_events)
+                                yield from self._device_sync(g)
                 else:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
                         if job.p2p_device_sync:
-                            yield from self._device_sync(dp_events)
+                            yield from self._device_sync(g)
                         if job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
                             yield from self._gather(g, "output", args)
                         yield from self._gather(g, "grad", args)
@@ -676,7 +677,7 @@ class TrainingExecutor:
                             if job.blocking_p2p:
                                 yield sent
                                 if job.p2p_device_sync:
-                                    yield from self._device_sync(dp_events)
+                                    yield from self._device_sync(g)
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)
@@ -694,12 +695,20 @@ class TrainingExecutor:
         self._finished.add(g)
         self._waiting.pop(g, None)
 
-    def _device_sync(self, dp_events: list[simpy.Event]):
+    def _dp_submit(self, g: int, body) -> simpy.Event:
+        """Queue ``body`` on g's data-parallel stream; the stream runs in order, so its last event is done
+        only once everything queued on it is (``_device_sync``)."""
+        ev = self._stream(g, STREAM_DP).submit(body)
+        self._dp_last[g] = ev
+        return ev
+
+    def _device_sync(self, g: int):
         """torch.cuda.synchronize() after a waited pipeline exchange (``job.p2p_device_sync``): the host
-        launches nothing more until the GPU's gradient reductions in flight on their own stream are done."""
-        pending = [e for e in dp_events if not e.processed]
-        if pending:
-            yield self.env.all_of(pending)
+        launches nothing more until the work in flight on g's data-parallel stream (gradient reductions,
+        parameter gathers) is done."""
+        last = self._dp_last.get(g)
+        if last is not None and not last.processed:
+            yield last
 
     def _ring_only_kinds(self) -> set[str]:
         """"tp"/"dp" when every collective of that kind runs as a ring: TP's as the tuner chooses them for
@@ -778,7 +787,7 @@ class TrainingExecutor:
                            {"bytes": size_bytes, "op": op, "step": step, "algorithm": alg})
             return None
 
-        return self._stream(g, STREAM_DP).submit(body)
+        return self._dp_submit(g, body)
 
     def _zero3_gathers(self, g: int, layers):
         """ZeRO-3 / FSDP: a function giving the event of layer i's parameter all-gather, with layer
@@ -847,7 +856,7 @@ class TrainingExecutor:
                            {"bytes": size_bytes, "op": "all_gather", "algorithm": alg})
             return None
 
-        return self._stream(g, STREAM_DP).submit(body)
+        return self._dp_submit(g, body)
 
     def _compressed_sync(self, g: int, step: int):
         """Top-k sparsified gradients: compress, all-gather values + indices, decompress."""

@@ -742,14 +742,32 @@ class TrainingExecutor:
         its TP group's last collective of the backward is done (each GPU's actions run in order), and the
         links a node's DP hops share with TP rings are those of the same stage's GPUs. Across steps, a tree
         lets a rank go on while its links still carry the others' data, so with several steps DP must run
-        as rings only (``_ring_only_kinds``)."""
+        as rings (``_dp_rings``)."""
         job = self.job
+        if not self.symmetric:  # only a symmetric run reuses collectives
+            return frozenset()
         if (job.overlap_grad_sync or job.zero > 1 or job.overlap_param_gather or job.compression_ratio is not None
                 or job.ep > 1 or job.cp > 1 or job.tp == 1 or job.dp == 1):
             return frozenset()
-        if job.steps > 1 and "dp" not in self._ring_only_kinds():
+        if job.steps > 1 and not self._dp_rings():
             return frozenset()
         return frozenset({frozenset(("tp", "dp"))})
+
+    def _dp_rings(self) -> bool:
+        """Whether each stage's data-parallel collectives, when they wait for the backward pass, run as rings
+        (or as latency-bound LL collectives) as the tuner picks them for their real sizes: the whole
+        gradients' reduction, and under ZeRO 1/2 the updated parameters' gather (rings only)."""
+        job, topo = self.job, self.world.topology
+        for g in self.gpus:
+            stage = self.layout.coords(g)[2]
+            layers = [lw for c in range(job.virtual_stages) for lw in job.chunk_of(stage, c).layers]
+            grads = sum(lw.grad_bytes for lw in layers)
+            if grads <= 0:
+                continue
+            c = choose(self._grad_op(), "dp", grads, topo, self.layout.dp_group(g), self.comm, self._choices)
+            if c.algorithm != "ring" and c.protocol != "LL":
+                return False
+        return not job.gathers_update or COLLECTIVE_ALGORITHMS["all_gather"] == ("ring",)
 
     def _grad_op(self) -> str:
         job = self.job

@@ -50,7 +50,8 @@ Sources (public code, read at the period named):
 - transformer-engine: Megatron-Core with NVIDIA Transformer Engine (2024-): fused attention (cuDNN /
   FlashAttention kernels), fused bias/activation/dropout/residual and norm kernels, wgrad GEMMs
   accumulating in fp32 (``gradient_accumulation_fusion``), ``overlap_grad_reduce`` bucketed reduction
-  during the backward pass, non-blocking batched p2p; ``transformer_engine.pytorch.Linear``'s backward
+  during the backward pass, pipeline exchanges beside compute under the interleaved schedule
+  (``overlap_p2p_comm``) and waited for in plain 1F1B; ``transformer_engine.pytorch.Linear``'s backward
   overlaps the column-parallel collectives with the GEMMs as Megatron does (no userbuffers overlap of
   the forward's collectives is modelled). Its norms are its own persistent kernels (descended from apex
   contrib's FastLayerNorm).

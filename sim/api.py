@@ -149,6 +149,8 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
         single_gpu_time_s=info.single_gpu_time_s, microbatches=scenario.microbatches)
     parallel: dict[str, Any] = {"data": par.data, "tensor": par.tensor, "pipeline": par.pipeline,
                                 "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
+    if par.pipeline > 1:  # as resolved for the stack and schedule (sim.workload.kernels.p2p_blocks)
+        parallel["overlap_p2p_comm"] = not job.blocking_p2p
     if par.ep > 1:
         parallel["expert"] = par.ep
     if par.cp > 1:

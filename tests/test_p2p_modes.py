@@ -43,6 +43,7 @@ def test_a_waited_send_ends_before_the_next_kernel(overlap: bool) -> None:
     """Waited: every send of a GPU ends before the next compute kernel of that GPU starts. Beside compute:
     the GPU computes while some of its sends are in flight."""
     r = simulate(scenario_from_dict(_tiny(parallel__overlap_p2p_comm=overlap, simulation__symmetry="off")))
+    assert r.summary["parallel"]["overlap_p2p_comm"] is overlap  # summary.json says which ran
     overlapped = 0.0
     for g in r.timeline.gpus:
         sends = _spans(r, g, lambda s: s.category == COMM_PP and s.args.get("op") == "send")

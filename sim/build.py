@@ -378,6 +378,10 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
     job.blocking_p2p = p2p_blocks(ks, par.schedule, par.overlap_p2p_comm)
     job.p2p_device_sync = job.blocking_p2p and ks.p2p_device_sync
+    # Megatron's interleaved schedule with waited exchanges runs them in rounds (sim.schedules.exchanges); with
+    # as many micro-batches as stages it runs every forward first, which dtsim's order does not: per action.
+    job.exchange_rounds = (job.blocking_p2p and par.schedule == "interleaved-1f1b" and par.virtual_stages > 1
+                           and par.pipeline > 1 and scenario.microbatches != par.pipeline)
     # DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1 (sim.workload.kernels).
     job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather

@@ -58,6 +58,7 @@ from sim.engine.world import Stream, World
 from sim.errors import SimulationError
 from sim.parallel.layout import Layout
 from sim.schedules.actions import Action, build_schedule
+from sim.schedules.exchanges import Exchange, megatron_interleaved_exchanges
 
 STREAM_DP = "dp"
 
@@ -112,6 +113,11 @@ class TrainingExecutor:
         self.step_end_s: list[float] = [0.0] * job.steps
         self._streams: dict[tuple[int, str], Stream] = {}
         self._dp_last: dict[int, simpy.Event] = {}  # the last work queued on each GPU's data-parallel stream
+        # Exchange rounds (job.exchange_rounds): sends issued and receives posted per (sender, receiver),
+        # and each pair's (receive posted, transfer done) events.
+        self._sent: dict[tuple[int, int], int] = {}
+        self._posted: dict[tuple[int, int], int] = {}
+        self._slots: dict[tuple[int, int, int], tuple[simpy.Event, simpy.Event]] = {}
         self._mem: dict[int, float] = {}
         self._cache: dict[tuple, float] = {}
         self.comm = world.comm or CommConfig()
@@ -250,17 +256,25 @@ class TrainingExecutor:
     def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
         return [list(r) for r in group_shape(self.world.topology, group).ranks_by_node]
 
-    def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str):
-        """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival."""
+    def _send(self, g: int, dst_stage: int, size_bytes: float, key: tuple, name: str,
+              posted: simpy.Event | None = None, done: simpy.Event | None = None):
+        """Post a pipeline send from g to its peer on ``dst_stage``; the receiver's event fires on arrival.
+        ``posted``: an exchange round's send (``job.exchange_rounds``), which moves once the receiver has
+        posted the matching receive and runs beside the round's other operations, not queued behind them;
+        ``done`` then fires with the arrival too (the receiver's side of the pair)."""
         env = self.env
         world = self.world
         arrive = self._event(key)
         if size_bytes <= 0:  # nothing to send (idealised synthetic pipelines): the data is just there
             arrive.succeed()
+            if done is not None:
+                done.succeed()
             return arrive
         dst = self.layout.stage_peer(g, dst_stage)
 
         def body():
+            if posted is not None:
+                yield posted
             start = env.now
             share = self._comm_begin(g, "pp", "send_recv", size_bytes, dst)
             rt = world.topology.route(g, dst)
@@ -273,10 +287,59 @@ class TrainingExecutor:
             self._comm_end(g, share)
             world.span(g, STREAM_P2P, name, COMM_PP, start, {"bytes": size_bytes, "op": "send", "dst": dst})
             arrive.succeed()
+            if done is not None:
+                done.succeed()
             return None
 
-        self._stream(g, STREAM_P2P).submit(body)
+        if posted is not None:
+            env.process(body())
+        else:
+            self._stream(g, STREAM_P2P).submit(body)
         return arrive
+
+    def _exchange(self, g: int, stage: int, step: int, ex: Exchange):
+        """One of Megatron's batched, waited pipeline exchanges (``sim.schedules.exchanges``): its sends
+        and the receives it posts, each send moving once its receiver has posted the matching receive
+        (pairs matched in order per sender and receiver, as NCCL's p2p); done when all are, then the device
+        synchronization (``job.p2p_device_sync``)."""
+        job, lay = self.job, self.layout
+        waits: list[simpy.Event] = []
+        for a, fwd in ((ex.send_forward, True), (ex.send_backward, False)):
+            if a is None:
+                continue
+            vs = a.chunk * job.pp + stage
+            to = vs + 1 if fwd else vs - 1
+            peer = lay.stage_peer(g, to % job.pp)
+            posted, done = self._slot((g, peer), self._next(self._sent, (g, peer)))
+            key = ("F" if fwd else "B", peer, step, to, a.microbatch)
+            what = "act" if fwd else "grad"
+            waits.append(self._send(g, to % job.pp, job.chunks[vs].send_bytes, key, f"send {what} mb{a.microbatch}",
+                                    posted=posted, done=done))
+        for recv, other in ((ex.recv_prev, stage - 1), (ex.recv_next, stage + 1)):
+            if recv:
+                peer = lay.stage_peer(g, other % job.pp)
+                posted, done = self._slot((peer, g), self._next(self._posted, (peer, g)))
+                posted.succeed()
+                waits.append(done)
+        if waits:
+            self._waiting[g] = f"pipeline exchange {ex} (step {step})"
+            yield self.env.all_of(waits)
+        if job.p2p_device_sync:
+            yield from self._device_sync(g)
+
+    @staticmethod
+    def _next(counts: dict[tuple[int, int], int], channel: tuple[int, int]) -> int:
+        n = counts.get(channel, 0)
+        counts[channel] = n + 1
+        return n
+
+    def _slot(self, channel: tuple[int, int], i: int) -> tuple[simpy.Event, simpy.Event]:
+        """The i-th pair of (receive posted, transfer done) events on ``channel`` (sender, receiver)."""
+        key = (channel[0], channel[1], i)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = (self.env.event(), self.env.event())
+        return slot
 
     def _gather(self, g: int, what: str, args: dict):
         """Megatron's scatter/gather p2p: the 1/t slice each TP rank received is all-gathered over TP, then
@@ -574,10 +637,16 @@ class TrainingExecutor:
             return not job.bucket_first_chunk_only or (stage == 0 and chunk == 0)
         static = job.static_bytes[stage] if job.static_bytes else 0.0
         self._memory(g, static)
+        rounds = job.exchange_rounds
+        if rounds:
+            first_recv, after = megatron_interleaved_exchanges(job.pp, job.microbatches, job.virtual_stages, stage,
+                                                               actions)
         for step in range(job.steps):
             dp_events: list[simpy.Event] = []
             bucket = shard_bucket = shard_pre_s = expert_bucket = 0.0
             param_gathers = self._param_gathers(g, stage, actions)
+            if rounds and first_recv:  # recv_forward before the first forward
+                yield from self._exchange(g, stage, step, Exchange(None, None, True, False))
             for idx, a in enumerate(actions):
                 vs = a.chunk * job.pp + stage
                 chunk = job.chunks[vs]
@@ -586,7 +655,7 @@ class TrainingExecutor:
                     if vs > 0:
                         self._waiting[g] = f"activation of {a} from stage {(vs - 1) % job.pp} (step {step})"
                         yield self._event(("F", g, step, vs, a.microbatch))
-                        if job.p2p_device_sync:
+                        if job.p2p_device_sync and not rounds:
                             yield from self._device_sync(g)
                         yield from self._gather(g, "act", args)
                     elif job.data is not None:
@@ -603,7 +672,7 @@ class TrainingExecutor:
                         if lw.step_forward and first_forward[a.chunk] == idx:
                             yield from self._blocks(g, lw.step_forward, WEIGHT_CAST, args, f"F{a.microbatch} {lw.name}")
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
-                    if vs < V - 1:
+                    if vs < V - 1 and not rounds:
                         sent = self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
                                           ("F", self.layout.stage_peer(g, (vs + 1) % job.pp), step, vs + 1,
                                            a.microbatch), f"send act mb{a.microbatch}")
@@ -615,7 +684,7 @@ class TrainingExecutor:
                     if a.kind == "B" and vs < V - 1:
                         self._waiting[g] = f"gradient of {a} from stage {(vs + 1) % job.pp} (step {step})"
                         yield self._event(("B", g, step, vs, a.microbatch))
-                        if job.p2p_device_sync:
+                        if job.p2p_device_sync and not rounds:
                             yield from self._device_sync(g)
                         if job.backward_gathers > 1:  # DeepSpeed rebuilds the stage's own output first
                             yield from self._gather(g, "output", args)
@@ -670,7 +739,7 @@ class TrainingExecutor:
                         expert_bucket = 0.0
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
-                        if vs > 0:
+                        if vs > 0 and not rounds:
                             sent = self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
                                               ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1,
                                                a.microbatch), f"send grad mb{a.microbatch}")
@@ -678,6 +747,8 @@ class TrainingExecutor:
                                 yield sent
                                 if job.p2p_device_sync:
                                     yield from self._device_sync(g)
+                if rounds and (ex := after[idx]) is not None:
+                    yield from self._exchange(g, stage, step, ex)
             if bucket > 0:
                 dp_events.append(self._dp_sync(g, self._grad_op(), bucket, step))
             expert_grads = sum(lw.expert_grad_bytes for c in range(job.virtual_stages)

@@ -97,6 +97,9 @@ class TrainingJob:
     blocking_p2p: bool = False  # a pipeline exchange completes before its GPU computes on (sim.workload.kernels.p2p_blocks)
     # ... and then the host synchronizes the device: the GPU's gradient reductions in flight finish first
     p2p_device_sync: bool = False
+    # ... in Megatron's exchange rounds (interleaved schedule, waited exchanges: sim.schedules.exchanges): a
+    # forward's output goes with the next backward's gradient in one batched exchange, receives posted there
+    exchange_rounds: bool = False
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     gather_copy: Block | None = None  # the receiver's copies around each such all-gather (kernels.P2P_GATHERS)

@@ -388,6 +388,27 @@ def test_tp_collectives_are_reused_when_dp_waits_for_the_backward(kernels: str, 
     assert sym["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
 
 
+@pytest.mark.parametrize("steps,apart", [(1, True), (2, False)])
+def test_a_tree_reduction_keeps_tp_and_dp_together_across_steps(steps: int, apart: bool, monkeypatch) -> None:
+    """A data-parallel tree lets a rank start its next step while its links still carry the others' data:
+    with several steps the kinds are not apart unless the tuner runs the reduction as a ring."""
+    from sim.engine import symmetry
+
+    seen: list[frozenset] = []
+    init = symmetry.Symmetry.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self.apart)
+
+    monkeypatch.setattr(symmetry.Symmetry, "__init__", spy)
+    simulate(scenario_from_dict(_tiny(parallel__data=4, parallel__tensor=2, parallel__pipeline=2,
+                                      parallel__dp_algorithm="tree", parallel__sequence_parallel=False,
+                                      training__kernels="megatron-lm-2021", simulation__steps=steps,
+                                      simulation__symmetry="on")))
+    assert (seen[-1] == {frozenset(("tp", "dp"))}) is apart
+
+
 def test_overlapped_gradient_reduction_keeps_tp_and_dp_together() -> None:
     """Reduction during the backward pass (Megatron-Core's overlap_grad_reduce, the default kernel set) runs
     beside the TP collectives: no pair of kinds is apart."""

@@ -297,6 +297,17 @@ class TrainingExecutor:
             self._stream(g, STREAM_P2P).submit(body)
         return arrive
 
+    def _pipe_send(self, g: int, stage: int, step: int, a: Action, forward: bool,
+                   posted: simpy.Event | None = None, done: simpy.Event | None = None) -> simpy.Event:
+        """``_send`` of action ``a``'s result on g: a forward's output to the next virtual stage, a backward's
+        input gradient to the previous one."""
+        job = self.job
+        vs = a.chunk * job.pp + stage
+        to = vs + 1 if forward else vs - 1
+        key = ("F" if forward else "B", self.layout.stage_peer(g, to % job.pp), step, to, a.microbatch)
+        name = f"send {'act' if forward else 'grad'} mb{a.microbatch}"
+        return self._send(g, to % job.pp, job.chunks[vs].send_bytes, key, name, posted=posted, done=done)
+
     def _exchange(self, g: int, stage: int, step: int, ex: Exchange):
         """One of Megatron's batched, waited pipeline exchanges (``sim.schedules.exchanges``): its sends
         and the receives it posts, each send moving once its receiver has posted the matching receive
@@ -307,14 +318,9 @@ class TrainingExecutor:
         for a, fwd in ((ex.send_forward, True), (ex.send_backward, False)):
             if a is None:
                 continue
-            vs = a.chunk * job.pp + stage
-            to = vs + 1 if fwd else vs - 1
-            peer = lay.stage_peer(g, to % job.pp)
+            peer = lay.stage_peer(g, (stage + (1 if fwd else -1)) % job.pp)
             posted, done = self._slot((g, peer), self._next(self._sent, (g, peer)))
-            key = ("F" if fwd else "B", peer, step, to, a.microbatch)
-            what = "act" if fwd else "grad"
-            waits.append(self._send(g, to % job.pp, job.chunks[vs].send_bytes, key, f"send {what} mb{a.microbatch}",
-                                    posted=posted, done=done))
+            waits.append(self._pipe_send(g, stage, step, a, fwd, posted, done))
         for recv, other in ((ex.recv_prev, stage - 1), (ex.recv_next, stage + 1)):
             if recv:
                 peer = lay.stage_peer(g, other % job.pp)
@@ -673,9 +679,7 @@ class TrainingExecutor:
                             yield from self._blocks(g, lw.step_forward, WEIGHT_CAST, args, f"F{a.microbatch} {lw.name}")
                         yield from self._blocks(g, lw.forward, FORWARD, args, f"F{a.microbatch} {lw.name}")
                     if vs < V - 1 and not rounds:
-                        sent = self._send(g, (vs + 1) % job.pp, chunk.send_bytes,
-                                          ("F", self.layout.stage_peer(g, (vs + 1) % job.pp), step, vs + 1,
-                                           a.microbatch), f"send act mb{a.microbatch}")
+                        sent = self._pipe_send(g, stage, step, a, forward=True)
                         if job.blocking_p2p:
                             yield sent
                             if job.p2p_device_sync:
@@ -740,9 +744,7 @@ class TrainingExecutor:
                     if a.kind == "B":
                         self._memory(g, -sum(lw.activation_bytes for lw in chunk.layers))
                         if vs > 0 and not rounds:
-                            sent = self._send(g, (vs - 1) % job.pp, chunk.send_bytes,
-                                              ("B", self.layout.stage_peer(g, (vs - 1) % job.pp), step, vs - 1,
-                                               a.microbatch), f"send grad mb{a.microbatch}")
+                            sent = self._pipe_send(g, stage, step, a, forward=False)
                             if job.blocking_p2p:
                                 yield sent
                                 if job.p2p_device_sync:

@@ -151,6 +151,8 @@ def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
                                 "schedule": par.schedule, "virtual_stages": par.virtual_stages, "zero": par.zero}
     if par.pipeline > 1:  # as resolved for the stack and schedule (sim.workload.kernels.p2p_blocks)
         parallel["overlap_p2p_comm"] = not job.blocking_p2p
+    if par.schedule == "interleaved-1f1b" and par.virtual_stages > 1:  # micro-batches through each chunk together
+        parallel["microbatch_group_size"] = par.microbatch_group_size or par.pipeline
     if par.ep > 1:
         parallel["expert"] = par.ep
     if par.cp > 1:

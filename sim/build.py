@@ -126,7 +126,8 @@ def _common(scenario: Scenario, chunks: list[ChunkWork], static: list[float], op
             elementwise("topk scatter-add", 4 * n + par.data * k * (e + 4 + 2 * 4), "fp32")])[0]
     return TrainingJob(
         dp=par.data * par.cp, tp=par.tensor, pp=par.pipeline, virtual_stages=par.virtual_stages,
-        microbatches=scenario.microbatches, schedule=par.schedule, chunks=chunks, zero=par.zero,
+        microbatch_group=par.microbatch_group_size, microbatches=scenario.microbatches, schedule=par.schedule,
+        chunks=chunks, zero=par.zero,
         bucket_bytes=_bucket_bytes(scenario, sw.reduced_grad_bytes(scenario)),
         overlap_grad_sync=par.overlap_grad_sync, overlap_param_gather=par.overlap_param_gather,
         optimizer=opt_block,
@@ -339,7 +340,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         p_s = n_layers * layer_params + (emb_params if s == 0 else 0) + (head_params if s == par.pipeline - 1 else 0)
         params_by_stage.append(p_s)
         inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
-                                              virtual_stages=par.virtual_stages)
+                                              virtual_stages=par.virtual_stages, group=par.microbatch_group_size,
+                                              all_warmup=ks.interleaved_all_warmup)
         acts = mem.activation_bytes_per_stage(
             n_layers, full_layer_act if ck.kind == "full" else ckpt_act, checkpointing=ck.kind,
             every_k=ck.every if ck.kind == "full" else None, in_flight_microbatches=inflight,
@@ -378,10 +380,13 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
         elementwise("h2d", 0.0, act_dtype)), category=DATA)
     job.blocking_p2p = p2p_blocks(ks, par.schedule, par.overlap_p2p_comm)
     job.p2p_device_sync = job.blocking_p2p and ks.p2p_device_sync
-    # Megatron's interleaved schedule with waited exchanges runs them in rounds (sim.schedules.exchanges); with
-    # as many micro-batches as stages it runs every forward first, which dtsim's order does not: per action.
+    # Megatron's interleaved schedule with waited exchanges runs them in rounds (sim.schedules.exchanges), ported
+    # for its default micro-batch groups of p; with as many micro-batches as stages every forward may run
+    # first (KernelSet.interleaved_all_warmup). Those, and other group sizes, exchange per action.
+    job.interleaved_all_warmup = ks.interleaved_all_warmup
     job.exchange_rounds = (job.blocking_p2p and par.schedule == "interleaved-1f1b" and par.virtual_stages > 1
-                           and par.pipeline > 1 and scenario.microbatches != par.pipeline)
+                           and par.pipeline > 1 and scenario.microbatches != par.pipeline
+                           and par.microbatch_group_size in (None, par.pipeline))
     # DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1 (sim.workload.kernels).
     job.grad_all_reduce = ks.zero1_grad_all_reduce
     job.gather_bytes = gather
@@ -455,7 +460,7 @@ def _layers(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobInfo]:
         ids = [i for c in range(par.virtual_stages) for i in parts[c * par.pipeline + s]]
         params_by_stage.append(sum(specs[i].params for i in ids))
         inflight = mem.in_flight_microbatches(par.schedule, par.pipeline, scenario.microbatches, s,
-                                              virtual_stages=par.virtual_stages)
+                                              virtual_stages=par.virtual_stages, group=par.microbatch_group_size)
         kept = sum(lw.activation_bytes for c in range(par.virtual_stages) for lw in chunks[c * par.pipeline + s].layers)
         # While one checkpointed segment is recomputed its `every` layers' activations are live again.
         workspace = every * max((specs[i].activation_bytes * b for i in ids), default=0.0) if ck.kind == "full" else 0.0

@@ -164,13 +164,15 @@ def activation_bytes_per_stage(
     return stored + recompute
 
 
-def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1) -> float:
+def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1,
+                           group: int | None = None, all_warmup: bool = False) -> float:
     """Micro-batches whose activations a stage holds at its peak, in units of the stage's full layer set.
 
     Counted from the stage's actions (``sim.schedules``): the most chunks whose forward ran and whose
     backward did not, over v chunks per stage. The closed forms it agrees with (tests/test_memory.py):
     GPipe m; 1F1B and ZB-H1 min(m, p − stage); ZB-H2 min(m, 2(p − stage) − 1); interleaved (Megatron,
-    v chunks) min(v·m, 2(p − stage − 1) + (v − 1)p + 1) chunk-micro-batches of 1/v of the layers each.
+    v chunks) min(v·m, 2(p − stage − 1) + (v − 1)N + 1) chunk-micro-batches of 1/v of the layers each,
+    N the micro-batch group (``group``, None: p), or all v·m when ``all_warmup`` and m = p.
     """
     if p < 1 or m < 1 or virtual_stages < 1:
         raise ScenarioError(
@@ -178,7 +180,7 @@ def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, virtual_st
         )
     if not 0 <= stage < p:
         raise ScenarioError(f"stage {stage} is outside 0..{p - 1}", field="parallel.pipeline")
-    return max_in_flight(stage_actions(schedule, p, m, stage, virtual_stages)) / virtual_stages
+    return max_in_flight(stage_actions(schedule, p, m, stage, virtual_stages, group, all_warmup)) / virtual_stages
 
 
 @dataclass(frozen=True)

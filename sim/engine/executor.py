@@ -106,7 +106,8 @@ class TrainingExecutor:
         # group on the hot path instead of recomputed there.
         self._own_factor = {g: (stragglers or {}).get(g, 1.0) * (variability.gpu_factor(g) if variability else 1.0)
                             for g in self.gpus}
-        self.schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.virtual_stages)
+        self.schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.virtual_stages,
+                                       job.microbatch_group, job.interleaved_all_warmup)
         self._events: dict[tuple, simpy.Event] = {}
         self._waiting: dict[int, str] = {}
         self._finished: set[int] = set()

@@ -100,6 +100,10 @@ class TrainingJob:
     # ... in Megatron's exchange rounds (interleaved schedule, waited exchanges: sim.schedules.exchanges): a
     # forward's output goes with the next backward's gradient in one batched exchange, receives posted there
     exchange_rounds: bool = False
+    # Interleaved schedule: micro-batches per group through the chunks (None: pp; parallel.microbatch_group_size)
+    # and whether m == pp runs every forward first (KernelSet.interleaved_all_warmup)
+    microbatch_group: int | None = None
+    interleaved_all_warmup: bool = False
     grad_all_reduce: bool = False  # DP gradients all-reduced in full even under ZeRO-1 (DeepSpeed 2021-22)
     gather_bytes: float = 0.0  # scatter/gather p2p: TP all-gather of this size after each receive
     gather_copy: Block | None = None  # the receiver's copies around each such all-gather (kernels.P2P_GATHERS)

@@ -18,6 +18,14 @@ class Parallel(_Strict):
     pipeline: int = Field(1, ge=1, description="pipeline stages")
     schedule: Literal[SCHEDULES] = Field("1f1b", description="pipeline schedule")  # type: ignore[valid-type]
     virtual_stages: int = Field(1, ge=1, description="model chunks per GPU (interleaved-1f1b only)")
+    microbatch_group_size: int | None = Field(
+        None, ge=1,
+        description="interleaved-1f1b with virtual_stages > 1: micro-batches that go through each model chunk "
+        "together before the next chunk (Megatron-Core's microbatch_group_size_per_vp_stage, the N of the "
+        "Llama 3 paper): between pipeline and the micro-batch count, the last group whole or at least "
+        "pipeline long; larger holds more activations in flight (breadth-first at the micro-batch count); "
+        "null = pipeline (depth-first, Megatron's default)",
+    )
     sequence_parallel: bool = Field(
         False, description="Megatron sequence parallelism (a no-op when tensor = 1)"
     )
@@ -134,6 +142,15 @@ class Parallel(_Strict):
                 "userbuffers overlap the all-gathers and reduce-scatters of sequence parallelism; without it "
                 "there are none to overlap (Megatron-Core refuses tp_comm_overlap without sequence_parallel)",
                 "set sequence_parallel: true, or tp_comm_overlap: false",
+            )
+        if self.microbatch_group_size is not None and (self.schedule != "interleaved-1f1b"
+                                                       or self.virtual_stages == 1):
+            raise RuleError(
+                "microbatch_group_size",
+                show(self.microbatch_group_size),
+                "micro-batch groups order the model chunks of the interleaved schedule; "
+                f"schedule is {self.schedule} with virtual_stages {self.virtual_stages}",
+                "use schedule: interleaved-1f1b with virtual_stages > 1, or drop microbatch_group_size",
             )
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise RuleError(

@@ -14,6 +14,7 @@ from sim.hardware.gpu import GPU_PRESETS
 from sim.scenario.base import PRECISIONS, RuleError, show
 from sim.scenario.model import CollectiveModel, TransformerModel
 from sim.scenario.parallel import Parallel
+from sim.schedules.actions import interleaved_group_problem
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
@@ -219,14 +220,35 @@ def _batch(sc: Scenario) -> None:
             f"use global_batch: {options}, or change micro_batch",
         )
     m = t.global_batch // step
-    if p.schedule == "interleaved-1f1b" and m % p.pipeline:
+    if p.schedule != "interleaved-1f1b" or (p.virtual_stages == 1 and p.microbatch_group_size is None):
+        return
+    n = p.microbatch_group_size
+    if n is not None and not p.pipeline <= n <= m:
+        raise RuleError(
+            "parallel.microbatch_group_size",
+            show(n),
+            f"must lie between pipeline = {p.pipeline} and the micro-batch count m = global_batch/(data×"
+            f"micro_batch) = {m} (Megatron-Core refuses other sizes)",
+            f"use microbatch_group_size in {p.pipeline}..{m}" if m >= p.pipeline else
+            f"use global_batch: {step * p.pipeline} or more, or drop microbatch_group_size",
+        )
+    problem = interleaved_group_problem(p.pipeline, m, n)
+    if problem is not None and n is None:
         good = step * p.pipeline * math.ceil(m / p.pipeline)
         raise RuleError(
             "training.global_batch",
             show(t.global_batch),
             f"interleaved-1f1b needs the micro-batch count m = global_batch/(data×micro_batch) = {m} "
             f"to be a multiple of pipeline = {p.pipeline}",
-            f"use global_batch: {good}, or schedule: 1f1b",
+            f"use global_batch: {good}, schedule: 1f1b, or a parallel.microbatch_group_size whose last group "
+            f"is whole or at least {p.pipeline} long",
+        )
+    if problem is not None:
+        raise RuleError(
+            "parallel.microbatch_group_size",
+            show(n),
+            f"{problem}: Megatron-Core refuses it (the pipeline would wait between groups)",
+            f"use a group size that divides {m}, or leaves a last group of at least {p.pipeline}",
         )
 
 

@@ -37,28 +37,61 @@ def one_f_one_b(p: int, m: int, stage: int) -> list[Action]:
     return acts
 
 
-def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Action]:
+def interleaved_order(p: int, m: int, v: int, group: int | None = None) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each forward of an interleaved stage, in order: micro-batches go through
+    the v chunks in groups of ``group`` (None: p), the last group taking what remains — Megatron-Core's
+    schedule table (``microbatch_group_size_per_vp_stage``, megatron/core/pipeline_parallel/schedules.py,
+    core_r0.8.0 on), the tunable N of the Llama 3 paper (§3.3.2). With group = p it is Megatron-LM's
+    original depth-first order; with group = m, breadth-first (every micro-batch through a chunk first)."""
+    n = p if group is None else group
+    order: list[tuple[int, int]] = []
+    for lo in range(0, m, n):
+        hi = m if lo + n >= m else lo + n
+        order.extend((mb, c) for c in range(v) for mb in range(lo, hi))
+    return order
+
+
+def interleaved_group_problem(p: int, m: int, group: int | None = None) -> str | None:
+    """Why m micro-batches cannot run interleaved in groups of ``group`` (None: p), or None. Megatron-Core
+    requires p <= group <= m and the last group to be whole or at least p long ("otherwise, it introduces
+    dependency bubbles"); with group = p that is Megatron-LM's m % p == 0."""
+    n = p if group is None else group
+    if group is not None and not p <= n <= m:
+        return f"the micro-batch group ({n}) must lie between pipeline ({p}) and the micro-batch count ({m})"
+    if 0 < m % n < p:
+        if group is None:
+            return f"micro-batches ({m}) must be a multiple of pipeline stages ({p})"
+        return (f"the last group of micro-batches ({m} % {n} = {m % n}) must be whole or at least pipeline "
+                f"({p}) long")
+    return None
+
+
+def interleaved_1f1b(p: int, m: int, stage: int, v: int, group: int | None = None,
+                     all_warmup: bool = False) -> list[Action]:
     """Megatron's interleaved 1F1B: each device holds v chunks (virtual stages stage, stage+p, …).
-    Micro-batches go through the chunks in groups of p; warm-up (p-stage-1)*2 + (v-1)*p forwards."""
-    if m % p:
+    Micro-batches go through the chunks in groups of ``group`` (None: p; ``interleaved_order``); warm-up
+    (p-stage-1)*2 + (v-1)*group forwards, capped at all m·v of them (Megatron-Core from core_r0.10.0).
+    ``all_warmup``: with as many micro-batches as stages every forward runs first, then every backward
+    (Megatron-LM v2.5 through Megatron-Core core_r0.9.0, ``all_warmup_microbatches``)."""
+    if problem := interleaved_group_problem(p, m, group):
         raise ScenarioError(
-            f"interleaved-1f1b needs micro-batches ({m}) to be a multiple of pipeline stages ({p}); "
-            "change training.global_batch or parallel.pipeline",
+            f"interleaved-1f1b: {problem}; change training.global_batch, parallel.pipeline or "
+            "parallel.microbatch_group_size",
             "training.global_batch",
         )
+    order = interleaved_order(p, m, v, group)
     total = m * v
 
     def fwd(k: int) -> Action:
-        chunk = (k // p) % v
-        mb = (k // (p * v)) * p + k % p
+        mb, chunk = order[k]
         return Action("F", mb, chunk)
 
     def bwd(k: int) -> Action:
-        chunk = v - 1 - (k // p) % v
-        mb = (k // (p * v)) * p + k % p
-        return Action("B", mb, chunk)
+        mb, chunk = order[k]
+        return Action("B", mb, v - 1 - chunk)
 
-    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    n = p if group is None else group
+    warm = total if all_warmup and m == p else min((p - stage - 1) * 2 + (v - 1) * n, total)
     acts = [fwd(k) for k in range(warm)]
     f, b = warm, 0
     while f < total:
@@ -129,17 +162,22 @@ SCHEDULES = tuple(BUILDERS)
 SPLIT_BACKWARD = {"zb-h1", "zb-h2"}  # schedules whose backward is split into B (input) and W (weight)
 
 
-def stage_actions(name: str, p: int, m: int, stage: int, v: int = 1) -> list[Action]:
-    """The actions of one stage under schedule ``name``."""
+def stage_actions(name: str, p: int, m: int, stage: int, v: int = 1, group: int | None = None,
+                  all_warmup: bool = False) -> list[Action]:
+    """The actions of one stage under schedule ``name``; ``group`` and ``all_warmup`` shape the interleaved
+    schedule with v > 1 (``interleaved_1f1b``) and are ignored by the others."""
     builder = BUILDERS.get(name)
     if builder is None:
         raise ScenarioError(f"unknown schedule {name!r}; use one of {', '.join(SCHEDULES)}", "parallel.schedule")
+    if name == "interleaved-1f1b" and v > 1:
+        return interleaved_1f1b(p, m, stage, v, group, all_warmup)
     return builder(p, m, stage, v)
 
 
-def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+def build_schedule(name: str, p: int, m: int, v: int = 1, group: int | None = None,
+                   all_warmup: bool = False) -> list[list[Action]]:
     """Per-stage action lists for schedule ``name``."""
-    return [stage_actions(name, p, m, s, v) for s in range(p)]
+    return [stage_actions(name, p, m, s, v, group, all_warmup) for s in range(p)]
 
 
 def max_in_flight(actions: list[Action]) -> int:

@@ -189,6 +189,16 @@ class KernelSet:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     pipeline_zero_stages: tuple[int, ...] | None = None
     interleaved_schedule: bool = True
+    # Micro-batch groups other than the pipeline size under the interleaved schedule (parallel.
+    # microbatch_group_size): Megatron-Core's microbatch_group_size_per_vp_stage (core_r0.8.0 on); Megatron-LM
+    # 2021-22 walked the chunks in groups of exactly p (megatron/schedules.py, get_model_chunk_id).
+    microbatch_groups: bool = True
+    # With as many micro-batches as stages, the interleaved schedule runs every forward first, then every
+    # backward (``all_warmup_microbatches``): Megatron-LM v2.5 (2021) through Megatron-Core core_r0.9.0
+    # (megatron/schedules.py, megatron/core/pipeline_parallel/schedules.py: "if num_microbatches ==
+    # pipeline_parallel_size"). From core_r0.10.0 only stages whose warm-up reaches the total do (the cap in
+    # sim.schedules.actions.interleaved_1f1b), which the transformer-engine set follows.
+    interleaved_all_warmup: bool = False
     model_parallel: bool = True
     features_source: str = ""
     # bf16 training shards the fp32 master weights and the optimizer state over the data-parallel ranks
@@ -208,7 +218,8 @@ class KernelSet:
 
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
                 sequence_parallel: bool, layers: int = 0, virtual_stages: int = 1,
-                stage_layers: Sequence[int] | None = None) -> list[tuple[str, str]]:
+                stage_layers: Sequence[int] | None = None,
+                microbatch_group_size: int | None = None) -> list[tuple[str, str]]:
         """The parts of a layout this code base had no way to run, as (scenario field, value) pairs; empty
         when it could run all of it. dtsim simulates such a layout with the method it knows (a what-if);
         the planner leaves it out of its search. ``layers`` (0: not checked), ``virtual_stages`` and
@@ -229,6 +240,9 @@ class KernelSet:
         interleaved = pipeline > 1 and schedule == "interleaved-1f1b"
         if interleaved and (not self.interleaved_schedule or pipeline < self.interleaved_min_pipeline):
             gaps.append(("parallel.schedule", schedule))
+        if (interleaved and not self.microbatch_groups and microbatch_group_size is not None
+                and microbatch_group_size != pipeline):
+            gaps.append(("parallel.microbatch_group_size", str(microbatch_group_size)))
         if self.even_pipeline_layers and pipeline > 1:
             chunks = pipeline * (virtual_stages if interleaved else 1)
             if stage_layers is not None and len(set(stage_layers)) > 1:
@@ -298,11 +312,13 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False, p2p_gather="list",
             sequence_parallel=False, selective_recompute=False, zero_stages=(0,),
-            even_pipeline_layers=True, interleaved_min_pipeline=3,
+            even_pipeline_layers=True, interleaved_min_pipeline=3, microbatch_groups=False,
+            interleaved_all_warmup=True,
             features_source="NVIDIA/Megatron-LM gained --sequence-parallel and --recompute-granularity selective "
                             "on 2022-05-20 (9aad920) and --use-distributed-optimizer on 2022-06-08 (d07d29d); "
                             "v2.5 asserts num_layers divisible by the pipeline (and each stage's layers by "
-                            "its chunks) and a pipeline deeper than 2 for the interleaved schedule",
+                            "its chunks) and a pipeline deeper than 2 for the interleaved schedule, whose "
+                            "chunks it walks in groups of exactly the pipeline's micro-batches",
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -312,10 +328,12 @@ KERNEL_SETS: dict[str, KernelSet] = {
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
             fused_cross_entropy=False, zero_stages=(0, 1), even_pipeline_layers=True, interleaved_min_pipeline=3,
+            microbatch_groups=False, interleaved_all_warmup=True,
             features_source="Megatron-LM's distributed optimizer (2022-06-08, d07d29d) shards the optimizer "
                             "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3; it asserts "
                             "num_layers divisible by the pipeline (and each stage's layers by its chunks) and a "
-                            "pipeline deeper than 2 for the interleaved schedule (189e72a, July 2022)",
+                            "pipeline deeper than 2 for the interleaved schedule (189e72a, July 2022), whose "
+                            "chunks it walks in groups of exactly the pipeline's micro-batches",
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),

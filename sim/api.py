@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim import memory as mem
-from sim.budget import progress_on_stderr
+from sim.budget import auto_symmetric, progress_on_stderr
 from sim.build import JobInfo, build_job, cost_model_for, topology_for
 from sim.engine.algorithms import comm_config_for, server_nodes
 from sim.engine.collective_workload import CollectiveResult, run_collectives
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from sim.hardware.topology import Topology
     from sim.outputs.run_files import ChartWorker
 
-SYMMETRY_AUTO_MIN_GPUS = 16  # below this, auto simulates every GPU (cheap, and every row in the charts)
 
 
 @dataclass
@@ -44,14 +43,7 @@ class RunResult:
 
 
 def _use_symmetry(scenario: Scenario) -> bool:
-    mode = scenario.simulation.symmetry
-    if mode == "on":
-        return True
-    if mode == "off":
-        return False
-    if scenario.cluster.fixed_stragglers:
-        return False  # a straggler breaks the symmetry (random ones are reduced per stage: see variability)
-    return scenario.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
+    return auto_symmetric(scenario)  # the one rule, shared with the work estimate (sim.budget)
 
 
 def simulate(scenario: Scenario, calibration: str | Path | None = None, progress: bool = False) -> RunResult:

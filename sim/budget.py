@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.errors import ScenarioError
+from sim.hardware.nccl import chunks_for
 from sim.scenario.schema import CollectiveModel, LayersModel, ModelSpec, TransformerModel
 from sim.training.step_work import grad_bucket_bytes, reduced_grad_bytes, tp_backward_overlap
 from sim.workload.kernels import KERNEL_SETS
@@ -45,7 +46,11 @@ EVENTS_PER_STEP = 40.0
 BYTES_PER_SPAN = 1000
 BASE_MEMORY_BYTES = 55e6
 OPS_PER_LAYER = 12  # compute blocks per layer per micro-batch, forward + backward (transformer: ~10)
-SYMMETRY_AUTO_MIN_GPUS = 16  # mirrors sim.api (one GPU per stage is simulated from 16 GPUs up)
+# simulation.symmetry auto (``auto_symmetric``): one GPU per stage from 16 GPUs up, or below that when
+# simulating every GPU is estimated at more than ~3 s of engine work (an 8-GPU tensor-parallel job with
+# every collective simulated on every rank: a 22B layer stack took a minute, against half a second).
+SYMMETRY_AUTO_MIN_GPUS = 16
+SYMMETRY_AUTO_MIN_EVENTS = 1_000_000
 PROGRESS_EVENTS = 2_000_000  # say what is coming on stderr above this
 
 
@@ -76,6 +81,16 @@ def _collective_steps(op: str, algorithm: str, g: int) -> tuple[float, float]:
     return 2.0 * g * (g - 1), 2.0 * (g - 1)  # ring all-reduce (and the upper end of the rest)
 
 
+def _tree_all_reduce_cost(g: int, size_bytes: float, lockstep: bool = True) -> float:
+    """Events of one double-binary-tree all-reduce over g ranks as the engine runs it: each of the
+    ``chunks_for(size/2)`` chunks per tree crosses all g − 1 edges of both trees up and down (4(g − 1)
+    transfers per chunk), one pipelined step per chunk and tree level each way."""
+    k = chunks_for(size_bytes / 2)
+    transfers = 4.0 * (g - 1) * k
+    steps = 2.0 * k * max(1.0, math.log2(g))
+    return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * (steps if lockstep else transfers)
+
+
 def _collective_cost(op: str, algorithm: str, g: int, lockstep: bool = True) -> float:
     """Events of one collective; ``lockstep`` False when its ranks arrive apart (every GPU simulated, each
     at its own pace): then each transfer starts and ends at its own instant, one rate update apiece."""
@@ -83,11 +98,21 @@ def _collective_cost(op: str, algorithm: str, g: int, lockstep: bool = True) -> 
     return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * (steps if lockstep else transfers)
 
 
-def _symmetric(sc: Scenario) -> bool:
+def auto_symmetric(sc: Scenario) -> bool:
+    """Whether ``simulation.symmetry`` (auto unless given) simulates one GPU per pipeline stage: not with
+    fixed stragglers (they break the symmetry; random ones are reduced per stage); from
+    ``SYMMETRY_AUTO_MIN_GPUS`` GPUs; and below that when simulating every GPU would be long (estimated
+    events above ``SYMMETRY_AUTO_MIN_EVENTS``). Small jobs stay whole: cheap, with every GPU in the charts."""
     mode = sc.simulation.symmetry
     if mode in ("on", "off"):
         return mode == "on"
-    return not sc.cluster.stragglers and sc.total_gpus >= SYMMETRY_AUTO_MIN_GPUS
+    if sc.cluster.fixed_stragglers:
+        return False
+    if sc.total_gpus >= SYMMETRY_AUTO_MIN_GPUS:
+        return True
+    if isinstance(sc.model, CollectiveModel) or sc.parallel is None or sc.training is None:
+        return False
+    return estimate_work(sc, symmetric=False).events > SYMMETRY_AUTO_MIN_EVENTS
 
 
 def _params(model: ModelSpec) -> float:
@@ -103,8 +128,9 @@ def _layers(model: ModelSpec) -> int:
     return len(layers) if isinstance(layers, list) else int(layers) + (2 if model.kind == "transformer" else 0)
 
 
-def estimate_work(sc: Scenario) -> WorkEstimate:
-    """Events the simulation of ``sc`` will process (order of magnitude) and where they come from."""
+def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
+    """Events the simulation of ``sc`` will process (order of magnitude) and where they come from;
+    ``symmetric`` (None: as the scenario resolves it, ``auto_symmetric``) one GPU per stage or every GPU."""
     steps = sc.simulation.steps
     m = sc.model
     if isinstance(m, CollectiveModel):
@@ -117,10 +143,11 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
     p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
     mb = max(1, sc.microbatches)
     layers = _layers(sc.model)
-    sim_gpus = p if _symmetric(sc) else sc.total_gpus
+    if symmetric is None:
+        symmetric = auto_symmetric(sc)
+    sim_gpus = p if symmetric else sc.total_gpus
     per_gpu_layers = max(1.0, layers / p)
     compute = sim_gpus * mb * per_gpu_layers * OPS_PER_LAYER
-    symmetric = _symmetric(sc)
     c = sc.cluster
     # Every GPU simulated at its own pace (stragglers, jitter, each GPU's own speed): ranks reach a
     # collective apart, so its transfers no longer move in lockstep.
@@ -132,7 +159,13 @@ def estimate_work(sc: Scenario) -> WorkEstimate:
                 and tp_backward_overlap(KERNEL_SETS[tr.kernels], t, par.schedule))
     tp_occurrences = sim_gpus * mb * per_gpu_layers * (5 if regather else 4) if t > 1 else 0.0
     # Symmetric mode simulates a TP collective on its own links once per shape, then reuses its duration.
-    tp = tp_occurrences if symmetric else tp_occurrences / t * _collective_cost("all_reduce", "ring", t, lockstep)
+    # Without SP they are all-reduces of b·s·h 16-bit values, which the tuner may run as trees (from 4
+    # ranks), whose pipelined chunks cost the engine far more than a ring's steps: the larger is counted.
+    tp_cost = _collective_cost("all_reduce", "ring", t, lockstep)
+    if isinstance(sc.model, TransformerModel) and not par.sequence_parallel and t >= 4:
+        size = tr.micro_batch * sc.model.seq_len * sc.model.hidden * 2
+        tp_cost = max(tp_cost, _tree_all_reduce_cost(t, size, lockstep))
+    tp = tp_occurrences if symmetric else tp_occurrences / t * tp_cost
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
     gbytes = reduced_grad_bytes(sc)  # as sim.build reduces them (fp32 main grads for bf16 transformers)
     grad_bytes = _params(sc.model) / max(1, p * t) * gbytes

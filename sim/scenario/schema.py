@@ -86,7 +86,9 @@ class Simulation(_Strict):
     seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (random stragglers, jitter, overflow "
                       "probability, reliability Monte-Carlo); numpy's generators take seeds ≥ 0")
     symmetry: Literal["auto", "on", "off"] = Field(
-        "auto", description="simulate identical ranks once; off = every GPU"
+        "auto", description="simulate identical ranks once (one GPU per pipeline stage); off = every GPU; "
+        "auto = on from 16 GPUs, or below that when simulating every GPU would take over ~10⁶ engine events, "
+        "off with fixed stragglers"
     )
 
     @field_validator("symmetry", mode="before")

@@ -16,6 +16,7 @@ from sim.explore.estimate import Candidate, Estimator
 from sim.explore.plan import plan
 from sim.explore.search import candidate_of, enumerate_candidates
 from sim.scenario.load import load_scenario
+from sim.schedules.actions import interleaved_group_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT3_175B = ROOT / "scenarios" / "gpt3-175b-1024xa100-hdr.yaml"
@@ -63,7 +64,13 @@ def test_candidates_obey_the_layout_rules():
         assert c.pipeline * c.virtual_stages <= m.layers
         assert batch % (c.data * c.micro_batch) == 0
         mbs = batch // (c.data * c.micro_batch)
-        assert c.schedule != "interleaved-1f1b" or (mbs % c.pipeline == 0 and c.virtual_stages > 1)
+        # interleaving: m a multiple of p, or (Megatron-Core's micro-batch groups) the smallest valid group
+        assert c.schedule != "interleaved-1f1b" or c.virtual_stages > 1
+        if c.schedule == "interleaved-1f1b" and mbs % c.pipeline:
+            assert c.microbatch_group == min(n for n in range(c.pipeline, mbs + 1)
+                                             if interleaved_group_problem(c.pipeline, mbs, n) is None)
+        else:
+            assert c.microbatch_group is None
         assert c.pipeline > 1 or c.schedule == "1f1b"
         assert not c.sequence_parallel or c.tensor > 1
     assert candidate_of(sc) in cands  # the shipped layout is in the search space
@@ -94,6 +101,30 @@ def test_closed_form_screen_agrees_with_the_simulation(tmp_path, c):
     assert e.step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE), c.label()
     assert est.exact_memory(c)["peak"] == pytest.approx(summary["memory_bytes"]["peak"], rel=1e-9)
     assert e.states_bytes <= summary["memory_bytes"]["peak"]
+
+
+def test_screen_agrees_with_the_simulation_in_micro_batch_groups(tmp_path):
+    """10 micro-batches on 4 stages, interleaved in groups of 5 (a group the planner now proposes under
+    Megatron-Core): the screen, the exact memory and the candidate's scenario follow the simulation."""
+    base = write(tmp_path, with_changes(HAND_1P3B, training={"global_batch": 40}))
+    sc = load_scenario(base)
+    cands, _ = enumerate_candidates(sc, 8)
+    c = Candidate(2, 1, 4, 2, "interleaved-1f1b", 2, 1, "selective", False, 5)
+    assert c in cands and c.label().endswith("interleaved-1f1b×2 N5 z1 ckpt:selective")
+    summary = simulate(load_scenario(base, c.overrides())).summary
+    assert summary["parallel"]["microbatch_group_size"] == 5
+    est = Estimator(sc)
+    assert est.estimate(c).step_time_s == pytest.approx(summary["step_time_s"], rel=SCREEN_TOLERANCE)
+    assert est.exact_memory(c)["peak"] == pytest.approx(summary["memory_bytes"]["peak"], rel=1e-9)
+    # a base scenario's own group does not follow its candidates to other micro-batch counts
+    grouped = write(tmp_path, {**with_changes(HAND_1P3B, training={"global_batch": 40},
+                                              parallel={"data": 2, "tensor": 1, "pipeline": 4,
+                                                        "schedule": "interleaved-1f1b", "virtual_stages": 2,
+                                                        "microbatch_group_size": 10}), "name": "grouped"})
+    five = Candidate(2, 1, 4, 4, "interleaved-1f1b", 2, 1, "selective", False, 5)  # 5 micro-batches
+    assert load_scenario(grouped, five.overrides()).parallel.microbatch_group_size == 5
+    plain = Candidate(2, 1, 4, 1, "interleaved-1f1b", 2, 1, "selective", False)  # 20: groups of p
+    assert load_scenario(grouped, plain.overrides()).parallel.microbatch_group_size is None
 
 
 @pytest.mark.parametrize("c", [c for c in SCREEN_LAYOUTS if c.zero == 3], ids=lambda c: c.label())

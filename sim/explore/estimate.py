@@ -68,6 +68,8 @@ class Candidate:
     zero: int = 0
     checkpointing: str = "none"
     sequence_parallel: bool = False
+    # interleaved: micro-batches through each chunk together (parallel.microbatch_group_size; None: pipeline)
+    microbatch_group: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -77,7 +79,7 @@ class Candidate:
         """The candidate's settings that belong to the scenario's parallel section."""
         return {"data": self.data, "tensor": self.tensor, "pipeline": self.pipeline, "schedule": self.schedule,
                 "virtual_stages": self.virtual_stages, "zero": self.zero,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "microbatch_group_size": self.microbatch_group}
 
     def overrides(self) -> list[str]:
         """The ``--set`` strings that turn the base scenario into this candidate."""
@@ -87,6 +89,8 @@ class Candidate:
             f"parallel.pipeline={self.pipeline}",
             f"parallel.schedule={self.schedule}",
             f"parallel.virtual_stages={self.virtual_stages}",
+            # a base's group fits its own micro-batch count only
+            f"parallel.microbatch_group_size={'null' if self.microbatch_group is None else self.microbatch_group}",
             f"parallel.zero={self.zero}",
             f"parallel.sequence_parallel={'true' if self.sequence_parallel else 'false'}",
             f"training.micro_batch={self.micro_batch}",
@@ -99,6 +103,8 @@ class Candidate:
 
     def label(self) -> str:
         sched = self.schedule if self.virtual_stages == 1 else f"{self.schedule}×{self.virtual_stages}"
+        if self.microbatch_group is not None:
+            sched += f" N{self.microbatch_group}"
         sp = " sp" if self.sequence_parallel else ""
         return (
             f"d{self.data} t{self.tensor} p{self.pipeline} mb{self.micro_batch} {sched} "

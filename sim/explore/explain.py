@@ -173,6 +173,9 @@ def _schedule(result: PlanResult, win: Screened, m: int) -> str | None:
             f"schedule interleaved-1f1b with {c.virtual_stages} chunks per GPU: cuts the bubble to "
             f"{e.bubble_fraction:.1%} from {plain:.1%} (v = 1) for {c.virtual_stages}× more pipeline sends"
         )
+        if c.microbatch_group is not None:
+            why += (f"; {m} micro-batches are not a multiple of pipeline {c.pipeline}, so they go through "
+                    f"each chunk in groups of {c.microbatch_group} (Megatron-Core's micro-batch groups)")
     elif c.schedule == "1f1b":
         why = (
             f"schedule 1f1b: the bubble of GPipe ({e.bubble_fraction:.1%}) with at most p = {c.pipeline} "

@@ -117,6 +117,7 @@ PLAN_COLUMNS = [
     "pipeline",
     "schedule",
     "virtual_stages",
+    "microbatch_group",
     "zero",
     "micro_batch",
     "checkpointing",

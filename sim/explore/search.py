@@ -6,7 +6,8 @@ Search space (the global batch and precision stay the user's; the GPU count is t
 ``--gpus`` gives others): tensor t ≤ GPUs per node dividing the heads, KV heads and MLP width; pipeline p
 dividing the GPUs left, p ≤ layers; data d = GPUs / (t·p) dividing the global batch; micro-batch b with
 d·b dividing the global batch; schedule 1F1B, GPipe or interleaved 1F1B with v chunks (p·v ≤ layers and
-the micro-batch count a multiple of p); ZeRO 0–3; checkpointing none, selective or full; sequence
+the micro-batch count a multiple of p, or, where the stack has Megatron-Core's micro-batch groups, at least
+p and run in the smallest group it allows); ZeRO 0–3; checkpointing none, selective or full; sequence
 parallelism on or off when t > 1; of those, only what the scenario's software stack could run
 (``training.kernels``: ``KernelSet.missing``, e.g. no sequence parallelism in Megatron-LM of 2021).
 """
@@ -20,6 +21,7 @@ from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
 from sim.parallel.layout import stage_layers_for
 from sim.scenario.schema import Scenario
+from sim.schedules.actions import interleaved_group_problem
 from sim.workload.kernels import KERNEL_SETS, KernelSet
 from sim.workload.transformer import CHECKPOINTING_KINDS
 
@@ -118,14 +120,14 @@ def enumerate_candidates(
                     drop("global batch not divisible by data × micro-batch")
                     continue
                 mbs = batch // (d * b)
-                for sched, v in _schedules(p, mbs, layers, schedules, drop):
+                for sched, v, group in _schedules(p, mbs, layers, schedules, drop, ks.microbatch_groups):
                     for zero in (0, 1, 2, 3) if d > 1 else (0,):
                         for ck in CHECKPOINTING:
                             for sp in (False, True) if t > 1 else (False,):
                                 if sp and (m.seq_len * b) % t:
                                     drop("seq_len × micro-batch not divisible by tensor (SP)")
                                     continue
-                                cand = Candidate(d, t, p, b, sched, v, zero, ck, sp)
+                                cand = Candidate(d, t, p, b, sched, v, zero, ck, sp, group)
                                 gap = stack_gap(ks, cand, layers, tr.precision, stage_layers_for(given_layers, p, v))
                                 if gap:
                                     drop(gap)
@@ -148,18 +150,27 @@ def stack_gap(ks: KernelSet, c: Candidate, layers: int, precision: str,
     return None
 
 
-def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop) -> list[tuple[str, int]]:
+def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop,
+               groups: bool = False) -> list[tuple[str, int, int | None]]:
+    """(schedule, chunks, micro-batch group) to consider for p stages and ``mbs`` micro-batches. The
+    interleaved schedule needs ``mbs`` a multiple of p, unless the stack has micro-batch groups
+    (``groups``: Megatron-Core's microbatch_group_size_per_vp_stage), which run any ``mbs`` ≥ p in the
+    smallest group whose last one is whole or at least p long (less memory in flight than larger ones)."""
     if p == 1:
-        return [("1f1b", 1)]  # without a pipeline every schedule is the same
-    out: list[tuple[str, int]] = [(s, 1) for s in ("1f1b", "gpipe") if s in allowed]
+        return [("1f1b", 1, None)]  # without a pipeline every schedule is the same
+    out: list[tuple[str, int, int | None]] = [(s, 1, None) for s in ("1f1b", "gpipe") if s in allowed]
     if "interleaved-1f1b" in allowed:
+        group = None
+        if mbs % p and groups and mbs >= p:
+            group = next(n for n in range(p, mbs + 1) if interleaved_group_problem(p, mbs, n) is None)
         for v in VIRTUAL_STAGES:
             if p * v > layers:
                 drop("pipeline × virtual stages > layers")
-            elif mbs % p:
-                drop("interleaved: micro-batches not a multiple of pipeline")
+            elif mbs % p and group is None:
+                drop("interleaved: micro-batches not a multiple of pipeline" if not groups or mbs >= p
+                     else "interleaved: fewer micro-batches than pipeline")
             else:
-                out.append(("interleaved-1f1b", v))
+                out.append(("interleaved-1f1b", v, group))
     return out
 
 
@@ -178,6 +189,7 @@ def candidate_of(scenario: Scenario) -> Candidate | None:
         par.zero,
         tr.checkpointing.kind,
         par.sequence_parallel and par.tensor > 1,
+        par.microbatch_group_size if par.schedule == "interleaved-1f1b" and par.virtual_stages > 1 else None,
     )
 
 

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from sim.outputs.run_files import ChartWorker
 
 
-
 @dataclass
 class RunResult:
     summary: Summary

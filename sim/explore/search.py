@@ -167,8 +167,8 @@ def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop,
             if p * v > layers:
                 drop("pipeline × virtual stages > layers")
             elif mbs % p and group is None:
-                drop("interleaved: micro-batches not a multiple of pipeline" if not groups or mbs >= p
-                     else "interleaved: fewer micro-batches than pipeline")
+                drop("interleaved: fewer micro-batches than pipeline" if groups
+                     else "interleaved: micro-batches not a multiple of pipeline")
             else:
                 out.append(("interleaved-1f1b", v, group))
     return out

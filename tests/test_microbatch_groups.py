@@ -144,3 +144,22 @@ def test_megatron_lm_2021_runs_every_forward_first_when_m_equals_p() -> None:
         return b_start >= f_end - 1e-12
     assert first_backward_after_last_forward("megatron-lm-2021")
     assert not first_backward_after_last_forward("transformer-engine")
+
+
+def test_the_planner_offers_groups_only_where_the_stack_had_them() -> None:
+    """10 micro-batches on 4 stages: Megatron-Core (groups) runs them interleaved in groups of 5, the
+    smallest valid size; a stack without groups (Megatron-LM 2021/2022) drops interleaving, naming why."""
+    from sim.explore.search import SCHEDULES, _schedules
+
+    dropped: dict[str, int] = {}
+
+    def drop(reason: str, n: int = 1) -> None:
+        dropped[reason] = dropped.get(reason, 0) + n
+
+    with_groups = _schedules(4, 10, 48, SCHEDULES, drop, groups=True)
+    assert [(s, g) for s, v, g in with_groups if s == "interleaved-1f1b"] == [("interleaved-1f1b", 5)] * 5
+    assert not dropped
+    without = _schedules(4, 10, 48, SCHEDULES, drop, groups=False)
+    assert all(s != "interleaved-1f1b" for s, _, _ in without)
+    assert dropped == {"interleaved: micro-batches not a multiple of pipeline": 5}
+    assert all(g is None for _, _, g in _schedules(4, 12, 48, SCHEDULES, drop, groups=True))

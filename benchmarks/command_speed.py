@@ -2,7 +2,8 @@
 
 Times whole processes (`python -m sim …`, what `dtsim …` runs) from start to exit, with every default
 output — the README's main job `run scenarios/gpt3-175b-1024xa100-hdr.yaml` (charts, timeline.csv,
-trace.json, report.html), the 16,384-GPU Llama-3 405B job, `plan` of the main job, `calibrate --quick`
+trace.json, report.html), the 16,384-GPU Llama-3 405B job, a 13B model on one 8-GPU node (TP 8),
+`plan` of the main job, `calibrate --quick`
 on the CPU (when torch is installed) — and, for the two runs, the same command with `--no-charts
 --no-trace` and the in-process simulate() time it prints, so the cost of the outputs shows as a ratio.
 
@@ -12,7 +13,7 @@ events/s" (≈ how many bare SimPy events the command is worth): that figure sur
 better than seconds do. Also printed: CPU seconds (user + sys of the child), which a busy machine inflates
 far less than wall time.
 
-Run: python benchmarks/command_speed.py [--repeat 3] [--only run,llama,plan,calibrate]
+Run: python benchmarks/command_speed.py [--repeat 3] [--only run,llama,node,plan,calibrate]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from benchmarks.engine_speed import raw_simpy_events_per_s  # noqa: E402
 
 MAIN = "scenarios/gpt3-175b-1024xa100-hdr.yaml"
 LLAMA = "scenarios/llama3-405b-16384xh100.yaml"
+NODE = ["--set", "model=gpt3-13b", "--set", "cluster.nodes=1", "--set", "parallel.data=1", "--set", "parallel.pipeline=1",
+        "--set", "training.global_batch=8", "--set", "training.kernels=megatron-lm-2021"]
 
 
 def _cases(out: Path) -> dict[str, list[tuple[str, list[str]]]]:
@@ -49,6 +52,9 @@ def _cases(out: Path) -> dict[str, list[tuple[str, list[str]]]]:
             ("run 405B/16,384 GPUs, --no-charts --no-trace", ["run", LLAMA, "--out", str(out / "llama-bare"),
                                                              "--no-charts", "--no-trace"]),
         ],
+        # One 8-GPU node, TP 8 without sequence parallelism (Megatron-LM 2021): below 16 GPUs, where
+        # simulation.symmetry auto now turns on when simulating every GPU would be long.
+        "node": [("run 13B/8 GPUs (one node, TP 8), default outputs", ["run", MAIN, *NODE, "--out", str(out / "node")])],
         "plan": [("plan 175B/1,024 GPUs", ["plan", MAIN, "--out", str(out / "plan")])],
         "calibrate": [("calibrate --device cpu --quick",
                        ["calibrate", "--device", "cpu", "--quick", "--out", str(out / "cpu.json")])],
@@ -75,7 +81,7 @@ def time_command(argv: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", default="run,llama,plan,calibrate")
+    ap.add_argument("--only", default="run,llama,node,plan,calibrate")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dtsim-bench-") as tmp:
         cases = _cases(Path(tmp))

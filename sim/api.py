@@ -41,10 +41,6 @@ class RunResult:
     info: JobInfo | None = None
 
 
-def _use_symmetry(scenario: Scenario) -> bool:
-    return auto_symmetric(scenario)  # the one rule, shared with the work estimate (sim.budget)
-
-
 def simulate(scenario: Scenario, calibration: str | Path | None = None, progress: bool = False) -> RunResult:
     """Simulate ``scenario`` and return its summary and timeline (nothing is written); ``progress``
     reports on stderr every few seconds while it runs."""
@@ -125,7 +121,7 @@ def _collective(scenario: Scenario, world: World) -> RunResult:
 def _training(scenario: Scenario, world: World, cost: CostModel) -> RunResult:
     par, tr = scenario.require_training()
     job, info = build_job(scenario, cost)
-    symmetric = _use_symmetry(scenario)
+    symmetric = auto_symmetric(scenario)  # the one rule, shared with the work estimate (sim.budget)
     ex = TrainingExecutor(world, job, symmetric, dict(scenario.cluster.fixed_stragglers),
                           variability=_variability(scenario, symmetric))
     ex.run()

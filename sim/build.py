@@ -246,7 +246,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                     and not fused_softmax_runs(ks, seq, b * m.heads // t, act_dtype))
     layer_act = partial(mem.activation_bytes_per_layer, seq=seq, micro_batch=b, hidden=m.hidden,
                         heads=m.heads, tp=t, sequence_parallel=sp, bytes_per_elem=ebytes,
-                        fp8_gemm_inputs=dtype == "fp8", fp32_softmax=fp32_softmax)
+                        fp8_gemm_inputs=dtype == "fp8", fp32_softmax=fp32_softmax, ffn_hidden=d.ffn_hidden,
+                        gated_mlp=d.mlp == "swiglu", kv_heads=d.kv_heads, dropout=d.dropout > 0)
     # Fused (flash) attention never stores the softmax scores (Korthikanti's 5as/h term), so without
     # checkpointing a layer keeps what selective recompute keeps; `attention: standard` keeps the scores,
     # as in the paper's Table 2.

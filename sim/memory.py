@@ -89,6 +89,10 @@ def activation_bytes_per_layer(
     bytes_per_elem: int = 2,
     fp8_gemm_inputs: bool = False,
     fp32_softmax: bool = False,
+    ffn_hidden: int | None = None,
+    gated_mlp: bool = False,
+    kv_heads: int | None = None,
+    dropout: bool = True,
 ) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -97,34 +101,67 @@ def activation_bytes_per_layer(
     The table counts 16-bit activations (and 1-byte dropout masks) with MHA, ffn = 4h and unfused
     attention; the result is scaled by bytes_per_elem / 2.
 
+    The same tensor-by-tensor count for other layer shapes (the defaults give the table's GPT layer):
+    - ``ffn_hidden`` F = f·h (None: 4h): the MLP keeps its FC1 input (2sbh), FC1's output (2f·sbh, what the
+      activation's backward reads) and the activation's output (2f·sbh, FC2's input); ``gated_mlp``
+      (SwiGLU) doubles FC1's output (gate and up: 4f·sbh). The table's 19sbh is 2 + 8 + 8 + a 1-byte mask.
+    - ``kv_heads`` (grouped-query attention): K and V keep 2sbh·(kv/a) each instead of 2sbh.
+    - ``dropout`` False (Llama, MPT): no 1-byte masks (the two hidden dropouts' sbh each, the scores'
+      as²b) and, in standard attention, no dropout output: the context GEMM reads the softmax output.
+    So the replicated part (without SP) is 4 (two norm inputs) + 2 (QKV input) + 2 (FC1 input) + 2 masks,
+    the split part 2 (Q) + 4kv/a (K, V) + 2 (projection input) + 4f or 6f (MLP).
+
     ``fp8_gemm_inputs``: the four GEMMs' inputs the weight gradients need are kept as the 1-byte fp8 copies
     their casts made, as Transformer Engine's LayerNormLinear, Linear and LayerNormMLP save them
     (``ln_out``/``inputmat`` quantized, ``update_usage(rowwise_usage=False)`` keeping the column-wise copy
     for the wgrad GEMM; with sequence parallelism the row-wise local shard that backward re-gathers). That
     halves the table's QKV and FC1 inputs (2sbh each, /t with SP) and the output projection's and FC2's
-    (2sbh/t, 8sbh/t): 7sbh/t fewer bytes with SP, sbh(2 + 5/t) without. Full checkpointing keeps the 16-bit
-    layer input only.
+    (2sbh/t, 2f·sbh/t): (3 + f)sbh/t fewer bytes with SP (7 at f = 4), sbh(2 + (1 + f)/t) without. Full
+    checkpointing keeps the 16-bit layer input only.
 
     ``fp32_softmax``: the softmax ran as torch's fp32 fallback (``sim.workload.attention``), whose backward
     keeps its 4-byte output where the fused kernel keeps 2 bytes (the 16-bit probabilities the context GEMM
-    saves stay): 5as/(ht) becomes 7as/(ht) for 16-bit activations.
+    saves stay): 5as/(ht) becomes 7as/(ht) for 16-bit activations (6as/(ht) without dropout).
     """
     if checkpointing not in CHECKPOINTING_KINDS:
         raise ScenarioError(
             f"{checkpointing!r} is not one of {', '.join(CHECKPOINTING_KINDS)}", field="training.checkpointing"
         )
     s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    f = 4.0 if ffn_hidden is None else ffn_hidden / h
+    kv = 1.0 if kv_heads is None else kv_heads / a
     sbh = s * b * h
     sp = sequence_parallel and t > 1
+    replicated = 8 + (2 if dropout else 0)  # norm inputs, QKV and FC1 inputs, two hidden-dropout masks
+    split = 4 + 4 * kv + (6 if gated_mlp else 4) * f  # Q, K, V, projection input, the MLP's two tensors
     if checkpointing == "full":
         per_16bit = 2 * sbh / (t if sp else 1)
     elif checkpointing == "selective":
-        per_16bit = 34 * sbh / t if sp else sbh * (10 + 24 / t)
+        per_16bit = sbh * ((replicated + split) / t if sp else replicated + split / t)
     else:
-        score_bytes = 7 if fp32_softmax and bytes_per_elem == 2 else 5
-        per_16bit = sbh * ((34 / t if sp else 10 + 24 / t) + score_bytes * a * s / (h * t))
+        # the scores: the softmax output (2 bytes, 4 when it ran in fp32) and what the context GEMM reads: the
+        # dropout's 2-byte output beside its 1-byte mask, or without dropout the softmax output itself (its
+        # 16-bit copy, 2 bytes, after an fp32 softmax)
+        fp32 = fp32_softmax and bytes_per_elem == 2
+        score_bytes = (4 if fp32 else 2) + (3 if dropout else 2 if fp32 else 0)
+        per_16bit = sbh * ((replicated + split) / t if sp else replicated + split / t) + sbh * score_bytes * a * s / (h * t)
     if fp8_gemm_inputs and checkpointing != "full":
-        per_16bit -= sbh * (2 / (t if sp else 1) + 5 / t)  # half of (2 + 2)·sbh replicated-or-/t and (2 + 8)·sbh/t
+        per_16bit -= sbh * (2 / (t if sp else 1) + (1 + f) / t)  # half of (2 + 2)·sbh replicated-or-/t and (2 + 2f)·sbh/t
+    return per_16bit * bytes_per_elem / 2
+
+
+def mlp_activation_bytes(*, seq: int, micro_batch: int, hidden: int, tp: int = 1, sequence_parallel: bool = False,
+                         bytes_per_elem: int = 2, ffn_hidden: int | None = None, gated_mlp: bool = False,
+                         dropout: bool = True) -> float:
+    """The MLP's share of ``activation_bytes_per_layer`` (no checkpointing): FC1's input, FC1's output and the
+    activation's output, and the hidden-dropout mask after FC2 (19sbh/t with SP at ffn = 4h; 3sbh + 16sbh/t
+    without). A MoE layer replaces it with its experts' own."""
+    sbh = seq * micro_batch * hidden
+    f = 4.0 if ffn_hidden is None else ffn_hidden / hidden
+    replicated = 2 + (1 if dropout else 0)
+    split = (6 if gated_mlp else 4) * f
+    sp = sequence_parallel and tp > 1
+    per_16bit = sbh * ((replicated + split) / tp if sp else replicated + split / tp)
     return per_16bit * bytes_per_elem / 2
 
 

@@ -11,6 +11,7 @@ from sim.memory import (
     activation_bytes_per_stage,
     fits,
     in_flight_microbatches,
+    mlp_activation_bytes,
     model_state_bytes,
     suggest_fixes,
 )
@@ -118,6 +119,61 @@ def test_fp8_keeps_the_gemm_inputs_in_one_byte():
         27 * sbh / t)
     assert activation_bytes_per_layer(**kw, checkpointing="selective") == pytest.approx(sbh * (10 - 2 + (24 - 5) / t))
     assert activation_bytes_per_layer(**kw, checkpointing="full") == pytest.approx(2 * sbh)
+
+
+def test_llama_layer_counted_tensor_by_tensor():
+    """Llama 3 405B's layer (SwiGLU, F = 53,248 = 3.25h, 8 of 128 heads for K and V, no dropout), SP over 8,
+    flash attention, counted by hand in 16-bit elements of sbh/t: two RMSNorm inputs 2 + 2, QKV input 2, Q 2,
+    K and V 2/16 each, the projection's input 2, FC1's input 2, gate and up 2·2·3.25, FC2's input 2·3.25:
+    31.75 (the GPT table's 34 less its two masks, with this MLP and this attention)."""
+    h, a, t, s = 16384, 128, 8, 8192
+    sbh = s * h
+    kw = dict(seq=s, micro_batch=1, hidden=h, heads=a, tp=t, ffn_hidden=53248, gated_mlp=True, kv_heads=8,
+              dropout=False)
+    hand = (2 + 2) + 2 + 2 + 2 * (2 / 16) + 2 + 2 + 2 * 2 * 3.25 + 2 * 3.25
+    assert hand == 31.75
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="selective") == pytest.approx(
+        hand * sbh / t)
+    # without SP the norm, QKV and FC1 inputs (8 sbh) stay whole on every rank
+    assert activation_bytes_per_layer(**kw, checkpointing="selective") == pytest.approx(
+        sbh * (8 + (hand - 8) / t))
+    # standard attention without dropout keeps one 2-byte softmax output, which the context GEMM reads too
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="none") == pytest.approx(
+        hand * sbh / t + 2 * a * s * s / t)
+    # fp8 halves QKV, FC1, projection and FC2 inputs: (2 + 2 + 2 + 6.5) / 2 = 6.25 sbh/t
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="selective",
+                                      fp8_gemm_inputs=True) == pytest.approx((hand - 6.25) * sbh / t)
+    assert activation_bytes_per_layer(**kw, sequence_parallel=True, checkpointing="full") == pytest.approx(
+        2 * sbh / t)
+
+
+def test_fp32_softmax_without_dropout():
+    """The fp32 fallback keeps its 4-byte output for the softmax backward and a 16-bit copy for the context
+    GEMM: 6 bytes per score without dropout (7 with its mask and output: the mask 1, the output 2, no copy)."""
+    t, sbh = 4, S * B * H
+    kw = dict(seq=S, micro_batch=B, hidden=H, heads=A, tp=t, checkpointing="none", fp32_softmax=True)
+    scores = A * S * S * B / t
+    assert activation_bytes_per_layer(**kw, dropout=False) == pytest.approx(sbh * (8 + 24 / t) + 6 * scores)
+    assert activation_bytes_per_layer(**kw) == pytest.approx(sbh * (10 + 24 / t) + 7 * scores)
+
+
+def test_mlp_share_matches_the_table_and_the_layer():
+    """The MLP's share is Korthikanti's 19sbh/t with SP (3sbh + 16sbh/t without) for GPT's MLP, and for any
+    MLP it is what a layer's count changes by when only the MLP changes."""
+    t, sbh = 8, S * B * H
+    assert mlp_activation_bytes(seq=S, micro_batch=B, hidden=H, tp=t, sequence_parallel=True) == pytest.approx(
+        19 * sbh / t)
+    assert mlp_activation_bytes(seq=S, micro_batch=B, hidden=H, tp=t) == pytest.approx(3 * sbh + 16 * sbh / t)
+    for sp in (False, True):
+        kw = dict(seq=S, micro_batch=B, hidden=H, heads=A, tp=t, sequence_parallel=sp, checkpointing="selective",
+                  kv_heads=8, dropout=False)
+        layer = activation_bytes_per_layer(**kw, ffn_hidden=28672, gated_mlp=True)
+        mlp = mlp_activation_bytes(seq=S, micro_batch=B, hidden=H, tp=t, sequence_parallel=sp, ffn_hidden=28672,
+                                   gated_mlp=True, dropout=False)
+        # the attention half alone: a layer with this attention less its MLP is the same for any MLP
+        other = activation_bytes_per_layer(**kw, ffn_hidden=4 * H) - mlp_activation_bytes(
+            seq=S, micro_batch=B, hidden=H, tp=t, sequence_parallel=sp, dropout=False)
+        assert layer - mlp == pytest.approx(other)
 
 
 def test_activation_bytes_scale_with_element_size():

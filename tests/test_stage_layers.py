@@ -86,7 +86,9 @@ def test_llama3_405b_meta_layout_relieves_stage_0():
     flat = build_job(even, cost)[1].memory_by_stage
     m = sc.model
     per_layer_act = mem.activation_bytes_per_layer(seq=m.seq_len, micro_batch=1, hidden=m.hidden, heads=m.heads,
-                                                   tp=8, sequence_parallel=True, checkpointing="selective")
+                                                   tp=8, sequence_parallel=True, checkpointing="selective",
+                                                   ffn_hidden=m.ffn_hidden, gated_mlp=True, kv_heads=m.kv_heads,
+                                                   dropout=False)
     states_per_layer = (flat[0]["weights"] + flat[0]["gradients"] + flat[0]["optimizer"]
                         - meta[0]["weights"] - meta[0]["gradients"] - meta[0]["optimizer"])
     assert flat[0]["peak"] - meta[0]["peak"] == pytest.approx(states_per_layer + 16 * per_layer_act, rel=1e-9)

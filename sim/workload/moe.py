@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.memory import mlp_activation_bytes
 from sim.units import DTYPE_BYTES, storage_dtype
 from sim.workload import transformer as tf
 from sim.workload.attention import flash_attention_op
@@ -213,12 +214,14 @@ def model_flops_per_iteration(d: tf.TransformerDims, moe: MoESpec, global_batch:
 def activation_bytes_per_layer(d: tf.TransformerDims, moe: MoESpec, *, dense_bytes: float, micro_batch: int,
                                tp: int, sequence_parallel: bool, bytes_per_elem: int) -> float:
     """A MoE layer keeps the dense layer's attention activations (Korthikanti et al.'s formula, given as
-    ``dense_bytes``) minus its MLP share (19·sbh/t with SP; 3sbh + 16sbh/t without, for ffn = 4h), plus
+    ``dense_bytes``) minus its MLP share (``sim.memory.mlp_activation_bytes``: 19·sbh/t with SP, 3sbh + 16sbh/t
+    without, for ffn = 4h with dropout), plus
     what the experts keep: the routed tokens' inputs, up-projection outputs and activation outputs, and the
     router's fp32 probabilities."""
     sp = sequence_parallel and tp > 1
-    sbh = micro_batch * d.seq_len * d.hidden
-    mlp_dense = (19 * sbh / tp if sp else 3 * sbh + 16 * sbh / tp) * bytes_per_elem / 2
+    mlp_dense = mlp_activation_bytes(seq=d.seq_len, micro_batch=micro_batch, hidden=d.hidden, tp=tp,
+                                     sequence_parallel=sp, bytes_per_elem=bytes_per_elem,
+                                     ffn_hidden=d.ffn_hidden, gated_mlp=d.mlp == "swiglu", dropout=d.dropout > 0)
     mine = micro_batch * d.seq_len / tp
     routed = mine * moe.top_k * moe.load_factor
     up_w = (2 if d.mlp == "swiglu" else 1) * moe.ffn_hidden

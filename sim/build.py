@@ -55,6 +55,8 @@ def topology_for(scenario: Scenario, cost: CostModel, max_nodes: int | None = No
         kind=c.topology.kind,
         oversubscription=c.topology.oversubscription,
         nodes_per_leaf=c.topology.nodes_per_leaf,
+        nodes_per_pod=c.topology.nodes_per_pod,
+        pod_oversubscription=c.topology.pod_oversubscription,
         intra_override=cost.link_params(INTRA_NODE, n),
         inter_override=cost.link_params(INTER_NODE, c.nodes),
     )

@@ -223,6 +223,11 @@ def _with(**sections) -> dict:
         ),
         (_with(cluster={"topology": {"kind": "single-switch", "oversubscription": 2}}), "fat-tree only"),
         (_with(cluster={"topology": "torus"}), "must be one of fat-tree, single-switch"),
+        (_with(cluster={"topology": {"nodes_per_leaf": 4, "nodes_per_pod": 6}}),
+         "cluster.topology.nodes_per_pod: 6 — a pod holds whole leaves of nodes_per_leaf = 4 nodes; use a multiple of 4"),
+        (_with(cluster={"topology": {"pod_oversubscription": 7}}),
+         "cluster.topology.pod_oversubscription: 7.0 — applies to the link between pods"),
+        (_with(cluster={"topology": {"kind": "single-switch", "nodes_per_pod": 4}}), "pods apply to fat-tree only"),
         (
             _with(cluster={"stragglers": [{"gpu": 1, "factor": 0.5}]}),
             "cluster.stragglers.1: 0.5 — must be ≥ 1",

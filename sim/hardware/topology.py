@@ -9,6 +9,12 @@ Model (one direction per link; each direction is its own link):
 - a fat tree groups ``nodes_per_leaf`` nodes under one leaf; leaf-to-spine capacity is the leaf's NIC
   capacity divided by the oversubscription ratio, modelled as one aggregated link per direction (ECMP
   spreading flows evenly). A ``single-switch`` topology has no leaf-spine tier.
+- a third tier (``nodes_per_pod``): the leaves of ``nodes_per_pod`` nodes form a pod under their spine,
+  and pods meet at a core whose capacity per pod is what the pod's leaves send up divided by
+  ``pod_oversubscription`` (again one aggregated link per direction). Traffic between leaves of one pod
+  crosses its spine only; between pods it crosses the pod's link to the core as well. Large clusters are
+  built so: Meta's 24K-GPU RoCE clusters for Llama 3 join 192 racks of 16 GPUs into pods of 3,072 at full
+  bisection, and pods through aggregation switches at 1:7 (Llama 3 paper, arXiv:2407.21783, §3.3.1).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class Topology:
         kind: str = "fat-tree",
         oversubscription: float = 1.0,
         nodes_per_leaf: int = 16,
+        nodes_per_pod: int | None = None,
+        pod_oversubscription: float = 1.0,
         intra_override: tuple[float, float] | None = None,
         inter_override: tuple[float, float] | None = None,
     ):
@@ -78,6 +86,20 @@ class Topology:
                 cap = n_in_leaf * nics_per_node * inter_bw / oversubscription
                 self.leaf_up.append(add(f"leaf{leaf}->spine", cap))
                 self.leaf_down.append(add(f"spine->leaf{leaf}", cap))
+        # Pods: whole leaves each (the scenario checks nodes_per_pod is a multiple of nodes_per_leaf).
+        self.leaves_per_pod = self.leaves
+        if nodes_per_pod is not None and self.leaves > 1:
+            self.leaves_per_pod = max(1, min(nodes_per_pod, nodes) // self.nodes_per_leaf)
+        self.pods = -(-self.leaves // self.leaves_per_pod)
+        self.pod_up: list[int] = []
+        self.pod_down: list[int] = []
+        if self.pods > 1:
+            pod_nodes = self.leaves_per_pod * self.nodes_per_leaf
+            for pod in range(self.pods):
+                n_in_pod = min(pod_nodes, nodes - pod * pod_nodes)
+                cap = n_in_pod * nics_per_node * inter_bw / oversubscription / pod_oversubscription
+                self.pod_up.append(add(f"pod{pod}->core", cap))
+                self.pod_down.append(add(f"core->pod{pod}", cap))
         self.capacity_Bps = np.asarray(caps, dtype=float)
 
     # ---- placement -------------------------------------------------------------------------------
@@ -126,4 +148,8 @@ class Topology:
         la, lb = na // self.nodes_per_leaf, nb // self.nodes_per_leaf
         if la == lb or self.leaves == 1:
             return (self.nic_up[na][ia], self.nic_down[nb][ib])
-        return (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])
+        pa, pb = la // self.leaves_per_pod, lb // self.leaves_per_pod
+        if pa == pb:
+            return (self.nic_up[na][ia], self.leaf_up[la], self.leaf_down[lb], self.nic_down[nb][ib])
+        return (self.nic_up[na][ia], self.leaf_up[la], self.pod_up[pa], self.pod_down[pb], self.leaf_down[lb],
+                self.nic_down[nb][ib])

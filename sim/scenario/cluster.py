@@ -52,13 +52,22 @@ def link_from(value: Any, presets: dict[str, LinkSpec], kind: str) -> Any:
 
 
 class Topology(_Strict):
-    """How nodes connect: one non-blocking switch, or a two-level leaf/spine fat tree."""
+    """How nodes connect: one non-blocking switch, a two-level leaf/spine fat tree, or with ``nodes_per_pod``
+    a three-level one (pods of leaves under their spines, joined by a core)."""
 
     kind: Literal["fat-tree", "single-switch"] = Field("fat-tree", description="network shape between nodes")
     oversubscription: float = Field(
         1.0, ge=1, description="fat-tree leaf downlink:uplink bandwidth ratio (1 = non-blocking)"
     )
     nodes_per_leaf: int = Field(16, ge=1, description="nodes under one leaf switch (fat-tree)")
+    nodes_per_pod: int | None = Field(
+        None, ge=1, description="fat-tree with a third tier: nodes in one pod (a multiple of nodes_per_leaf), "
+        "whose leaves meet at the pod's spine; pods meet at a core. Default: no third tier"
+    )
+    pod_oversubscription: float = Field(
+        1.0, ge=1, description="three-level fat-tree: what a pod's leaves send up over what its link to the core "
+        "carries (1 = non-blocking; Meta's Llama 3 clusters 7)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Topology:
@@ -69,6 +78,19 @@ class Topology(_Strict):
                 "a single switch is non-blocking, oversubscription applies to fat-tree only",
                 "remove oversubscription or use kind: fat-tree",
             )
+        if self.nodes_per_pod is not None:
+            if self.kind == "single-switch":
+                raise RuleError("nodes_per_pod", show(self.nodes_per_pod),
+                                "a single switch has no pods, pods apply to fat-tree only",
+                                "remove nodes_per_pod or use kind: fat-tree")
+            if self.nodes_per_pod % self.nodes_per_leaf:
+                raise RuleError("nodes_per_pod", show(self.nodes_per_pod),
+                                f"a pod holds whole leaves of nodes_per_leaf = {self.nodes_per_leaf} nodes",
+                                f"use a multiple of {self.nodes_per_leaf}")
+        elif self.pod_oversubscription != 1:
+            raise RuleError("pod_oversubscription", show(self.pod_oversubscription),
+                            "applies to the link between pods, and there are none without nodes_per_pod",
+                            "set nodes_per_pod, or remove pod_oversubscription")
         return self
 
 
@@ -131,7 +153,8 @@ class Cluster(_Strict):
     )
     topology: Topology = Field(
         Topology(),
-        description="fat-tree | single-switch, or a mapping {kind, oversubscription, nodes_per_leaf}",
+        description="fat-tree | single-switch, or a mapping {kind, oversubscription, nodes_per_leaf, nodes_per_pod, "
+        "pod_oversubscription}",
     )
     stragglers: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=1, le=MAX_SLOWDOWN)]] = Field(
         default_factory=dict,

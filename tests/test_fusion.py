@@ -195,11 +195,15 @@ def test_scatter_gather_off_sends_the_whole_activation_per_tp_rank():
 
 def test_fusion_shorthand_partial_mapping_and_bad_keys():
     sc = scenario_from_dict(_gpt(fusion=False))
+    # the shorthand leaves gradient accumulation as the kernel set ran it (Megatron-LM 2021: not fused)
     assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": False, "masked_softmax": False,
-                                               "cross_entropy": False}
+                                               "cross_entropy": False, "gradient_accumulation": False}
     sc = scenario_from_dict(_gpt(fusion={"bias_gelu": False}))
     assert sc.training.fusion.model_dump() == {"bias_gelu": False, "bias_dropout_add": True, "masked_softmax": True,
-                                               "cross_entropy": False}  # megatron-lm-2021: the unfused loss
+                                               "cross_entropy": False,  # megatron-lm-2021: the unfused loss
+                                               "gradient_accumulation": False}
+    sc = scenario_from_dict(_gpt(kernels="transformer-engine", fusion=False))
+    assert sc.training.fusion.gradient_accumulation is True  # Transformer Engine's stack fused it
     sc = scenario_from_dict(_gpt(kernels="pytorch-fsdp-2023"))
     assert sc.training.fusion.masked_softmax is False  # eager torch has no fused softmax
     assert sc.parallel.scatter_gather is False

@@ -347,6 +347,23 @@ def test_gradient_accumulation_fusion_removes_the_pass() -> None:
     assert simulate(fused).summary["step_time_s"] < slow
 
 
+def test_gradient_accumulation_switch_overrides_the_kernel_set() -> None:
+    """``training.fusion.gradient_accumulation: false`` under Transformer Engine (whose wgrad GEMMs accumulate
+    in place) adds PyTorch's separate pass, fp32 accumulator += bf16 gradient: 2 + 4 read, 4 written per layer
+    parameter per micro-batch, at the reference bandwidth, on the timeline as grad_accum spans; ``true``
+    under Megatron-LM 2021 (which had no fusion) removes it."""
+    sc = _megatron(training__kernels="transformer-engine", training__fusion={"gradient_accumulation": False})
+    acc_s, layer_params, bw, _, _ = _accumulation_by_hand(sc)
+    assert acc_s == pytest.approx(layer_params * 10 / bw + sc.gpu.kernel_launch_s, rel=1e-9)
+    spans = [s for s in simulate(sc).timeline.spans if s.category == GRAD_ACCUM and s.name.startswith("B")]
+    micro = sc.training.global_batch // (sc.parallel.data * sc.training.micro_batch)
+    assert micro > 1
+    assert len({(s.gpu, s.args.get("microbatch")) for s in spans if s.gpu == 0}) == micro
+    fused = _megatron(training__kernels="megatron-lm-2021", training__fusion={"gradient_accumulation": True})
+    job, _ = build_job(fused, cost_model_for(fused))
+    assert not any(b.category == GRAD_ACCUM for b in job.chunks[1].layers[0].weight)
+
+
 def test_fp8_gemms_pay_their_casts_and_reach_the_fp8_sustained_share() -> None:
     """Transformer Engine fp8 (delayed scaling): a GEMM input its norm produces (QKV's) is quantized by
     the norm kernel itself, which writes 1 byte per element instead of 2, and transposed for the weight

@@ -66,7 +66,7 @@ from sim.scenario.reliability import CheckpointPolicy, Reliability
 from sim.scenario.rules import SCENARIO_RULES
 from sim.scenario.training import Checkpointing, Compression, LossScaling, Training, checkpointing_from
 from sim.schedules.actions import SCHEDULES
-from sim.workload.kernels import DEFAULT_KERNEL_SET, KERNEL_SETS
+from sim.workload.kernels import DEFAULT_KERNEL_SET, FUSIONS, KERNEL_SETS
 
 __all__ = [
     "_DIM_FIELDS", "ALGORITHMS", "COLLECTIVE_ALGORITHMS", "COLLECTIVE_OPS", "DP_ALGORITHMS", "INPUT_DEFAULTED",
@@ -285,10 +285,13 @@ def _kernel_defaults(data: dict[str, Any]) -> dict[str, Any]:
         # what dtsim calls ZeRO-1, with the full fp32 all-reduce the kernel set already prices.
         data = {**data, "parallel": {**parallel, "zero": 1}}
     fusion = training.get("fusion") if isinstance(training, dict) else None
-    if isinstance(training, dict) and (fusion is None or isinstance(fusion, dict)):
+    if isinstance(training, dict) and (fusion is None or isinstance(fusion, (dict, bool))):
         own = {"bias_gelu": ks.bias_gelu_fusion, "bias_dropout_add": ks.bias_dropout_fusion,
-               "masked_softmax": ks.masked_softmax_fusion, "cross_entropy": ks.fused_cross_entropy}
-        given = {k: v for k, v in (fusion or {}).items() if v is not None}
+               "masked_softmax": ks.masked_softmax_fusion, "cross_entropy": ks.fused_cross_entropy,
+               "gradient_accumulation": ks.gradient_accumulation_fusion}
+        # the true/false shorthand switches the kernel fusions, not gradient accumulation (Megatron's own flag)
+        given = (dict.fromkeys(FUSIONS, fusion) if isinstance(fusion, bool)
+                 else {k: v for k, v in (fusion or {}).items() if v is not None})
         data = {**data, "training": {**training, "fusion": {**own, **given}}}
     return data
 

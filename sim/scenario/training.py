@@ -106,6 +106,13 @@ class Fusion(_Strict):
         "off by default in Megatron-Core and in NeMo configs that do not set it; else the fp32 cast of the logits "
         "and five passes over them)"
     )
+    gradient_accumulation: bool | None = Field(
+        None, description="the weight-gradient GEMMs accumulate into the fp32 main_grad themselves (Megatron's "
+        "gradient_accumulation_fusion); false: each micro-batch's 16-bit gradient is added to the fp32 "
+        "accumulator by its own pass (read 2 + 4 bytes, write 4 per parameter), as PyTorch eager runs it (FSDP2's "
+        "fp32 accumulation with gradient sync off, --no-gradient-accumulation-fusion); unset: what "
+        "training.kernels ran. Not covered by the true/false shorthand"
+    )
 
 
 class Compression(_Strict):

@@ -400,7 +400,8 @@ def with_overrides(ks: KernelSet, fusion: dict[str, bool | None] | None = None,
     """The kernel set as the scenario ran it: ``training.fusion``'s switches (None keeps the set's own),
     ``parallel.scatter_gather`` and ``training.cross_entropy_kernel`` ("auto" keeps the set's own)."""
     fields = {"bias_gelu": "bias_gelu_fusion", "bias_dropout_add": "bias_dropout_fusion",
-              "masked_softmax": "masked_softmax_fusion", "cross_entropy": "fused_cross_entropy"}
+              "masked_softmax": "masked_softmax_fusion", "cross_entropy": "fused_cross_entropy",
+              "gradient_accumulation": "gradient_accumulation_fusion"}
     changes: dict[str, Any] = {fields[k]: v for k, v in (fusion or {}).items() if v is not None}
     if scatter_gather is not None:
         changes["scatter_gather_p2p"] = scatter_gather

@@ -172,7 +172,7 @@ def _variability(scenario: Scenario, symmetric: bool) -> Variability | None:
     c = scenario.cluster
     rs = c.random_stragglers
     par, _ = scenario.require_training()
-    layout = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp)
+    layout = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp, par.order)
     # One GPU waits for nobody: it runs at the cost model's (the median GPU's) pace.
     spread = c.gpu_speed_spread if layout.world_size > 1 else 0.0
     if c.jitter is None and rs is None and spread <= 0:

@@ -135,7 +135,7 @@ def _common(scenario: Scenario, chunks: list[ChunkWork], static: list[float], op
         optimizer=opt_block,
         unscale=unscale, overflow_steps=overflow, compression_ratio=ratio, compress=compress,
         decompress=decompress, grad_elem_bytes=sw.reduced_grad_bytes(scenario), static_bytes=static,
-        steps=scenario.simulation.steps, ep=par.ep, cp=par.cp,
+        steps=scenario.simulation.steps, ep=par.ep, cp=par.cp, rank_order=par.order,
     )
 
 

@@ -94,7 +94,7 @@ class TrainingExecutor:
         self._jitter = variability if variability is not None and variability.sigma > 0 else None
         self.env = world.env
         self.job = job
-        self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp)
+        self.layout = Layout(job.dp, job.tp, job.pp, job.ep, job.cp, job.rank_order)
         self.symmetric = symmetric
         topo = world.topology
         if symmetric:
@@ -127,7 +127,7 @@ class TrainingExecutor:
         sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds(),
                        apart=self._apart_kinds())
         self._group = sym.group
-        self._same_place = sym.same_place
+        self._cross_stage_mirrors = sym.cross_stage_mirrors
         self._mirror_groups = sym.mirror_groups
         self._p2p_mirrors = sym.p2p_mirrors
         self._cacheable = sym.cacheable
@@ -378,8 +378,8 @@ class TrainingExecutor:
         one step). Its members arrive as their stages finish, so they rendezvous first; returns when the
         last arrived: the collective runs from then on, and the wait before it is pipeline idle time, not
         communication. With symmetry each stage's representative stands for its own stage only: the first
-        to be listed runs the collective (with the same-node mirrors' own groups alongside, since they may
-        share the NICs), the others wait for it."""
+        to be listed runs the collective (with the mirrors' own groups alongside where they may share its
+        links: ``Symmetry.cross_stage_mirrors``), the others wait for it."""
         group = self._group(g, kind)
         tag = (kind, what, step, tuple(group))
         self._event(("arrive", *tag, g)).succeed()
@@ -405,12 +405,8 @@ class TrainingExecutor:
             return world.run_collective_alone(dag, grp, None, choice.protocol, choice.launch_s).join_all()
 
         mine = run(group)
-        seen = {tuple(group)}
-        for x in self._same_place(g):
-            other = self._group(x, kind)
-            if tuple(other) not in seen:
-                seen.add(tuple(other))
-                run(other)
+        for other in self._cross_stage_mirrors(g, kind):
+            run(other)
         yield mine
         done.succeed(start)
         return start
@@ -789,6 +785,8 @@ class TrainingExecutor:
         their real sizes; DP's when they exist only as rings (reduce-scatter, all-gather: ZeRO-1). The 4-byte
         gradient-norm all-reduce runs after the last backward, when no replica has TP traffic: left out."""
         job = self.job
+        if self._stages_share_nodes():
+            return set()
         group = self.layout.tp_group(self.gpus[0])
         tp = {(b.comm_op_kind[0], b.comm_bytes) for c in job.chunks for lw in c.layers
               for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
@@ -806,6 +804,13 @@ class TrainingExecutor:
             COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
         return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
 
+    def _stages_share_nodes(self) -> bool:
+        """Whether a node holds GPUs of several pipeline stages (``parallel.order: tp-pp-dp`` with tensor
+        groups narrower than a node). The shortcuts of ``_ring_only_kinds`` and ``_apart_kinds`` reason about a
+        node's GPUs of one stage, so they are not taken then: more mirrored traffic is simulated."""
+        job = self.job
+        return job.rank_order != "tp-dp-pp" and job.pp > 1 and job.tp * job.cp < self.world.topology.gpus_per_node
+
     def _apart_kinds(self) -> frozenset[frozenset[str]]:
         """{"tp", "dp"} when a stage's data-parallel traffic never runs beside its tensor-parallel traffic,
         else nothing (``Symmetry.apart``). So it is when every DP collective waits for the stage's last
@@ -818,7 +823,7 @@ class TrainingExecutor:
         lets a rank go on while its links still carry the others' data, so with several steps DP must run
         as rings (``_dp_rings``)."""
         job = self.job
-        if not self.symmetric:  # only a symmetric run reuses collectives
+        if not self.symmetric or self._stages_share_nodes():  # only a symmetric run reuses collectives
             return frozenset()
         if (job.overlap_grad_sync or job.zero > 1 or job.overlap_param_gather or job.compression_ratio is not None
                 or job.ep > 1 or job.cp > 1 or job.tp == 1 or job.dp == 1):

@@ -117,6 +117,7 @@ class TrainingJob:
     hbm_Bps: float = 0.0
     ep: int = 1  # expert parallelism (MoE): GPUs sharing one layer's experts, within data parallelism
     cp: int = 1  # context parallelism: GPUs splitting each sequence, within data parallelism (dp counts them)
+    rank_order: str = "tp-dp-pp"  # parallel.order (sim.parallel.layout.RANK_ORDERS)
 
     @property
     def split_backward(self) -> bool:

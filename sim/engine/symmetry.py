@@ -44,7 +44,10 @@ class Symmetry:
         self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
         self._stage_cache: dict[int, list[int]] = {}
         self._mirrors: dict[tuple, list] = {}
-        self.binding: set[int] = self._binding_links() if symmetric else set()
+        self.binding: set[int] = self._binding_links() | self._fabric_binding() if symmetric else set()
+        # A leaf or pod link can bind: then the mirrors whose traffic meets g's are on any node of its stage,
+        # not only on its own (``candidates``).
+        self.fabric_binds = bool(self.binding & set(topology.fabric_links))
         self.cacheable: set[str] = self._cacheable_kinds()
 
     def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
@@ -105,6 +108,71 @@ class Symmetry:
             for link in r:
                 demand[link] = demand.get(link, 0.0) + top
         return {link for link, d in demand.items() if d > cap[link] * (1 + 1e-9)}
+
+    def _fabric_binding(self) -> set[int]:
+        """Leaf and pod links of an oversubscribed tree that the whole job's traffic could fill. Every rank
+        counts here, not only the representatives: in a symmetric run the GPUs of other nodes under the same
+        leaf are mirrors, and their sends share its uplink. A flow moves no faster than its route's narrowest
+        link, and all flows leaving one first link (a NIC, or a GPU's NVSwitch port) share that link, so each
+        source's demand on a link is capped at the source's capacity: a link below the summed demand can
+        never be full (the bound is sound). Without oversubscription the capped demand never exceeds a
+        fabric link, so nothing is enumerated."""
+        topo, lay = self.topology, self.layout
+        if not (self.symmetric and topo.oversubscribed):
+            return set()
+        fabric = set(topo.fabric_links)
+        cap: list[float] = topo.capacity_Bps.tolist()
+        demand: dict[int, dict[int, float]] = {}  # fabric link -> first link of a route -> summed top speeds
+
+        def add(route: tuple[int, ...]) -> None:
+            hit = fabric.intersection(route)
+            if hit:
+                top = min(cap[link] for link in route)
+                for link in hit:
+                    per = demand.setdefault(link, {})
+                    per[route[0]] = per.get(route[0], 0.0) + top
+
+        groups: set[tuple] = set()
+        for x in range(lay.world_size):
+            stage = lay.coords(x)[2]
+            for kind in (*KINDS, "emb", "mp"):
+                if kind in ("emb", "mp") and self.pp == 1:
+                    continue
+                grp = self.group(x, kind)
+                if len(grp) > 1 and (kind, tuple(grp)) not in groups:
+                    groups.add((kind, tuple(grp)))
+                    for r in self._group_routes(grp):
+                        add(r)
+            for s2 in (stage - 1, stage + 1):
+                if 0 <= s2 < self.pp:
+                    add(topo.route_links(x, lay.stage_peer(x, s2)))
+        return {link for link, per in demand.items()
+                if sum(min(cap[src], d) for src, d in per.items()) > cap[link] * (1 + 1e-9)}
+
+    def candidates(self, g: int) -> list[int]:
+        """The ranks whose mirrored traffic may share g's binding links: the GPUs of g's node at its stage
+        (``same_place``), or every other rank of its stage when a leaf or pod link can bind."""
+        if not self.fabric_binds:
+            return self.same_place(g)
+        return [x for x in self._stage_ranks(self.layout.coords(g)[2]) if x != g]
+
+    def cross_stage_mirrors(self, g: int, kind: str) -> list[list[int]]:
+        """The mirrors' groups to run beside g's own cross-stage collective ("emb", "mp"): those of g's
+        node at its stage, and with a binding leaf or pod link those of its stage whose links meet g's."""
+        key = (g, "cross", kind)
+        out = self._mirrors.get(key)
+        if out is None:
+            mine = self.group(g, kind)
+            seen, out = {tuple(mine)}, []
+            links = self._links_of(mine) if self.fabric_binds else None
+            for x in self.candidates(g):
+                grp = self.group(x, kind)
+                if tuple(grp) in seen or (links is not None and not self._links_of(grp) & links):
+                    continue
+                seen.add(tuple(grp))
+                out.append(grp)
+            self._mirrors[key] = out
+        return out
 
     def _group_links(self, group: list[int]) -> set[int]:
         """The binding links a ring over ``group`` may cross."""
@@ -185,7 +253,7 @@ class Symmetry:
             if len(mine) > 1:
                 links = self._links_of(mine)
                 seen = {tuple(mine)}
-                for x in self.same_place(g):
+                for x in self.candidates(g):
                     grp = self.group(x, kind)
                     if tuple(grp) not in seen and self._links_of(grp) & links:
                         seen.add(tuple(grp))
@@ -225,7 +293,7 @@ class Symmetry:
         if out is None:
             topo, lay = self.topology, self.layout
             links = set(topo.route(g, lay.stage_peer(g, dst_stage)).links) & self.binding
-            out = [(x, lay.stage_peer(x, dst_stage)) for x in self.same_place(g)
+            out = [(x, lay.stage_peer(x, dst_stage)) for x in self.candidates(g)
                    if links & set(topo.route(x, lay.stage_peer(x, dst_stage)).links)]
             self._mirrors[key] = out
         return out

@@ -373,7 +373,7 @@ class Estimator:
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
         fsdp = fsdp_flat(ks, c.zero, dp)
         lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b", fsdp)
-        lay = Layout(dp=dp, tp=t, pp=p)
+        lay = Layout(dp=dp, tp=t, pp=p, order=self.parallel.order)
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute
         per_layer = lt.fwd + lt.bwd + lt.recompute + tp_layer

@@ -101,6 +101,10 @@ class Topology:
                 self.pod_up.append(add(f"pod{pod}->core", cap))
                 self.pod_down.append(add(f"core->pod{pod}", cap))
         self.capacity_Bps = np.asarray(caps, dtype=float)
+        # The links above the NICs (leaf↔spine, pod↔core), and whether any carries less than what sends into it
+        # (then traffic from other nodes can fill it: ``sim.engine.symmetry``).
+        self.fabric_links: tuple[int, ...] = (*self.leaf_up, *self.leaf_down, *self.pod_up, *self.pod_down)
+        self.oversubscribed = bool(self.fabric_links) and (oversubscription > 1 or pod_oversubscription > 1)
 
     # ---- placement -------------------------------------------------------------------------------
     def node_of(self, gpu: int) -> int:

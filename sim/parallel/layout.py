@@ -1,7 +1,13 @@
 """Rank layout: rank ↔ (data, tensor, pipeline) coordinates and process groups.
 
-Megatron's order puts tensor parallelism innermost (consecutive ranks, so a TP group sits inside a node
-on NVLink), then data, then pipeline: rank = tp + T·(dp + D·pp).
+Two orders, both with tensor parallelism innermost (consecutive ranks, so a TP group sits inside a node
+on NVLink):
+- ``tp-dp-pp`` (Megatron's, DeepSpeed's): then data (context parallelism inside it), then pipeline:
+  rank = tp + T·(dp + D·pp). A pipeline stage is a block of T·D consecutive ranks.
+- ``tp-pp-dp`` (Meta's for Llama 3: "[TP, CP, PP, DP]", Llama 3 paper §3.3.2): then context, pipeline,
+  and data outermost: rank = tp + T·(cp + C·(pp + P·dpo)), with the data index dp = cp + C·dpo. A model
+  replica is a block of T·C·P consecutive ranks, so pipeline sends stay near and only the data-parallel
+  traffic crosses far.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")  # innermost first; parallel.order
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -19,19 +27,30 @@ class Layout:
     pp: int
     ep: int = 1  # expert parallelism: groups of ep consecutive data-parallel ranks share a layer's experts
     cp: int = 1  # context parallelism: groups of cp consecutive data-parallel ranks split each sequence
+    order: str = "tp-dp-pp"  # RANK_ORDERS
+
+    def __post_init__(self) -> None:
+        if self.order not in RANK_ORDERS:
+            raise ValueError(f"rank order {self.order!r} is not one of {', '.join(RANK_ORDERS)}")
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
     def rank(self, dp: int, tp: int, pp: int) -> int:
-        return tp + self.tp * (dp + self.dp * pp)
+        if self.order == "tp-dp-pp":
+            return tp + self.tp * (dp + self.dp * pp)
+        c, outer = dp % self.cp, dp // self.cp
+        return tp + self.tp * (c + self.cp * (pp + self.pp * outer))
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(dp, tp, pp) of ``rank``."""
         tp = rank % self.tp
         rest = rank // self.tp
-        return rest % self.dp, tp, rest // self.dp
+        if self.order == "tp-dp-pp":
+            return rest % self.dp, tp, rest // self.dp
+        c, rest = rest % self.cp, rest // self.cp
+        return c + self.cp * (rest // self.pp), tp, rest % self.pp
 
     def tp_group(self, rank: int) -> list[int]:
         d, _, p = self.coords(rank)

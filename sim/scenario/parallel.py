@@ -92,6 +92,11 @@ class Parallel(_Strict):
         None, ge=1, description="context parallelism: GPUs splitting each sequence (ring attention); the "
         "GPU count is data × context × tensor × pipeline; null = 1"
     )
+    order: Literal["tp-dp-pp", "tp-pp-dp"] = Field(
+        "tp-dp-pp", description="how ranks map to GPUs, innermost first: tp-dp-pp (Megatron's and DeepSpeed's: a "
+        "pipeline stage is a block of consecutive GPUs) or tp-pp-dp (Meta's [TP, CP, PP, DP] for Llama 3: a model "
+        "replica is a block, pipeline sends stay near and data parallelism crosses far)"
+    )
     context_attention: Literal["ring", "all_gather"] | None = Field(
         None, description="context parallelism: ring (K/V blocks passed around, overlapped; default) or "
         "all_gather (Llama 3: gather K/V, then attend)"

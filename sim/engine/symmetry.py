@@ -103,34 +103,38 @@ class Symmetry:
                     if 0 <= s2 < self.pp:
                         routes.append(topo.route_links(x, lay.stage_peer(x, s2)))
         demand: dict[int, float] = {}
+        fabric = set(topo.fabric_links)  # decided over every rank's traffic: _fabric_binding
         for r in routes:
             top = min(cap[link] for link in r)
             for link in r:
-                demand[link] = demand.get(link, 0.0) + top
+                if link not in fabric:
+                    demand[link] = demand.get(link, 0.0) + top
         return {link for link, d in demand.items() if d > cap[link] * (1 + 1e-9)}
 
     def _fabric_binding(self) -> set[int]:
         """Leaf and pod links of an oversubscribed tree that the whole job's traffic could fill. Every rank
         counts here, not only the representatives: in a symmetric run the GPUs of other nodes under the same
         leaf are mirrors, and their sends share its uplink. A flow moves no faster than its route's narrowest
-        link, and all flows leaving one first link (a NIC, or a GPU's NVSwitch port) share that link, so each
-        source's demand on a link is capped at the source's capacity: a link below the summed demand can
-        never be full (the bound is sound). Without oversubscription the capped demand never exceeds a
-        fabric link, so nothing is enumerated."""
+        link; all flows leaving one first link (a NIC) share it, as do all flows entering one last link. So
+        each source's demand on a link is capped at the source's capacity and each destination's at its own,
+        and a link above the smaller of the two summed demands can never be full (the bound is sound).
+        Without oversubscription neither a leaf's or pod's uplink (its sources are its NICs) nor its downlink
+        (its destinations are) can be, so nothing is enumerated."""
         topo, lay = self.topology, self.layout
         if not (self.symmetric and topo.oversubscribed):
             return set()
         fabric = set(topo.fabric_links)
         cap: list[float] = topo.capacity_Bps.tolist()
-        demand: dict[int, dict[int, float]] = {}  # fabric link -> first link of a route -> summed top speeds
+        by_src: dict[int, dict[int, float]] = {}  # fabric link -> first link of a route -> summed top speeds
+        by_dst: dict[int, dict[int, float]] = {}  # fabric link -> last link of a route -> summed top speeds
 
         def add(route: tuple[int, ...]) -> None:
             hit = fabric.intersection(route)
             if hit:
                 top = min(cap[link] for link in route)
                 for link in hit:
-                    per = demand.setdefault(link, {})
-                    per[route[0]] = per.get(route[0], 0.0) + top
+                    for per, end in ((by_src.setdefault(link, {}), route[0]), (by_dst.setdefault(link, {}), route[-1])):
+                        per[end] = per.get(end, 0.0) + top
 
         groups: set[tuple] = set()
         for x in range(lay.world_size):
@@ -146,8 +150,11 @@ class Symmetry:
             for s2 in (stage - 1, stage + 1):
                 if 0 <= s2 < self.pp:
                     add(topo.route_links(x, lay.stage_peer(x, s2)))
-        return {link for link, per in demand.items()
-                if sum(min(cap[src], d) for src, d in per.items()) > cap[link] * (1 + 1e-9)}
+
+        def bound(per: dict[int, float]) -> float:
+            return sum(min(cap[end], d) for end, d in per.items())
+
+        return {link for link in by_src if min(bound(by_src[link]), bound(by_dst[link])) > cap[link] * (1 + 1e-9)}
 
     def candidates(self, g: int) -> list[int]:
         """The ranks whose mirrored traffic may share g's binding links: the GPUs of g's node at its stage

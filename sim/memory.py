@@ -132,8 +132,11 @@ def activation_bytes_per_layer(
     kv = 1.0 if kv_heads is None else kv_heads / a
     sbh = s * b * h
     sp = sequence_parallel and t > 1
-    replicated = 8 + (2 if dropout else 0)  # norm inputs, QKV and FC1 inputs, two hidden-dropout masks
-    split = 4 + 4 * kv + (6 if gated_mlp else 4) * f  # Q, K, V, projection input, the MLP's two tensors
+    mlp_rep, mlp_split = _mlp_terms(f, gated_mlp, dropout)
+    # the attention half: norm inputs (4) and QKV input (2), the projection's dropout mask; Q, K, V and the
+    # projection input split over TP
+    replicated = 6 + (1 if dropout else 0) + mlp_rep
+    split = 4 + 4 * kv + mlp_split
     if checkpointing == "full":
         per_16bit = 2 * sbh / (t if sp else 1)
     elif checkpointing == "selective":
@@ -150,6 +153,13 @@ def activation_bytes_per_layer(
     return per_16bit * bytes_per_elem / 2
 
 
+def _mlp_terms(f: float, gated: bool, dropout: bool) -> tuple[float, float]:
+    """The MLP's 16-bit units of sbh kept for backward, (replicated without SP, split over TP): FC1's input
+    (2) and the dropout mask after FC2 (1); FC1's output (2f, 4f gated: gate and up) and the activation's
+    output (2f)."""
+    return 2 + (1 if dropout else 0), (6 if gated else 4) * f
+
+
 def mlp_activation_bytes(*, seq: int, micro_batch: int, hidden: int, tp: int = 1, sequence_parallel: bool = False,
                          bytes_per_elem: int = 2, ffn_hidden: int | None = None, gated_mlp: bool = False,
                          dropout: bool = True) -> float:
@@ -157,9 +167,7 @@ def mlp_activation_bytes(*, seq: int, micro_batch: int, hidden: int, tp: int = 1
     activation's output, and the hidden-dropout mask after FC2 (19sbh/t with SP at ffn = 4h; 3sbh + 16sbh/t
     without). A MoE layer replaces it with its experts' own."""
     sbh = seq * micro_batch * hidden
-    f = 4.0 if ffn_hidden is None else ffn_hidden / hidden
-    replicated = 2 + (1 if dropout else 0)
-    split = (6 if gated_mlp else 4) * f
+    replicated, split = _mlp_terms(4.0 if ffn_hidden is None else ffn_hidden / hidden, gated_mlp, dropout)
     sp = sequence_parallel and tp > 1
     per_16bit = sbh * ((replicated + split) / tp if sp else replicated + split / tp)
     return per_16bit * bytes_per_elem / 2

@@ -72,30 +72,34 @@ def test_flows_between_pods_share_the_core_link() -> None:
     assert _finish_times(pods(pod_over=1.0), cross, size) == pytest.approx([size / BW] * 4)
 
 
-def _gpt(topology: str, symmetry: str = "off") -> dict:
-    """GPT-3 1.3B over 8 nodes of 2 GPUs (TP 2 × DP 8): each of the two gradient rings crosses from one half
-    of the nodes to the other twice."""
+def _job(topology: str, symmetry: str = "off", *overrides: str) -> dict:
+    """GPT-3 1.3B over 8 nodes of 2 GPUs with ``topology``; TP 2 × DP 8 unless ``overrides`` say otherwise."""
     sc = load_scenario("scenarios/gpt3-1.3b-16xa100.yaml", [
         "cluster.nodes=8", "cluster.gpus_per_node=2", "cluster.nics_per_node=2", "parallel.data=8",
-        "parallel.tensor=2", "parallel.pipeline=1", "training.global_batch=16",
+        "parallel.tensor=2", "parallel.pipeline=1", "training.global_batch=16", *overrides,
         f"cluster.topology={topology}", f"simulation.symmetry={symmetry}"])
     return simulate(sc).summary
+
+
+# PP 2 × DP 8 with identical GPUs: two stages, each of whose sends may cross the tree's top
+TWO_STAGES = ("parallel.tensor=1", "parallel.pipeline=2", "cluster.gpu_speed_spread=0")
 
 
 PODS = "{{kind: fat-tree, nodes_per_leaf: 2, nodes_per_pod: 4, pod_oversubscription: {}}}"
 
 
 def test_an_oversubscribed_core_slows_a_ring_that_crosses_it() -> None:
-    fast, slow = _gpt(PODS.format(1.0)), _gpt(PODS.format(16.0))
+    """TP 2 × DP 8: each of the two gradient rings crosses from one half of the nodes to the other twice."""
+    fast, slow = _job(PODS.format(1.0)), _job(PODS.format(16.0))
     assert slow["step_time_s"] > fast["step_time_s"]
     assert slow["exposed_comm_s"] > fast["exposed_comm_s"]
     # Pods of 4 nodes with non-blocking leaves and a 16:1 core are, for this traffic, a two-level tree with
     # leaves of 4 nodes at 16:1: the same bottleneck, the same step to the last bit.
-    two_level = _gpt("{kind: fat-tree, nodes_per_leaf: 4, oversubscription: 16}")
+    two_level = _job("{kind: fat-tree, nodes_per_leaf: 4, oversubscription: 16}")
     assert slow["step_time_s"] == two_level["step_time_s"]
     # The symmetric run simulates one tensor rank and still sees the other's ring on the core link (within
     # the 0.2 % the README gives symmetry on shared links; 0.07 % here, as on the two-level tree).
-    assert _gpt(PODS.format(16.0), "on")["step_time_s"] == pytest.approx(slow["step_time_s"], rel=2e-3)
+    assert _job(PODS.format(16.0), "on")["step_time_s"] == pytest.approx(slow["step_time_s"], rel=2e-3)
 
 
 @pytest.mark.parametrize("topology", ["{kind: fat-tree, nodes_per_leaf: 4, oversubscription: 16}",
@@ -106,11 +110,7 @@ def test_symmetry_sees_every_node_of_a_stage_on_an_oversubscribed_tree(topology:
     (they did not before December 2026: the run was 41 % fast). With identical GPUs it equals the run of
     every GPU."""
     def step(symmetry: str) -> float:
-        sc = load_scenario("scenarios/gpt3-1.3b-16xa100.yaml", [
-            "cluster.nodes=8", "cluster.gpus_per_node=2", "cluster.nics_per_node=2", "parallel.data=8",
-            "parallel.tensor=1", "parallel.pipeline=2", "training.global_batch=16", "cluster.gpu_speed_spread=0",
-            f"cluster.topology={topology}", f"simulation.symmetry={symmetry}"])
-        return simulate(sc).summary["step_time_s"]
+        return _job(topology, symmetry, *TWO_STAGES)["step_time_s"]
 
     assert step("on") == pytest.approx(step("off"), rel=1e-9)
 
@@ -132,25 +132,20 @@ def test_metas_rank_order_as_its_paper_draws_it() -> None:
     assert mega.stage_peer(0, 1) == 8  # Megatron's order: a stage is a block of T·D ranks
 
 
-def _ordered(order: str, symmetry: str, topology: str = PODS.format(16.0), tensor: int = 1) -> float:
-    """GPT-3 1.3B, PP 2 × DP 8 / tensor, on 8 nodes of 2 GPUs in pods of 4 nodes, identical GPUs."""
-    sc = load_scenario("scenarios/gpt3-1.3b-16xa100.yaml", [
-        "cluster.nodes=8", "cluster.gpus_per_node=2", "cluster.nics_per_node=2", f"parallel.data={8 // tensor}",
-        f"parallel.tensor={tensor}", "parallel.pipeline=2", "training.global_batch=16", "cluster.gpu_speed_spread=0",
-        f"parallel.order={order}", f"cluster.topology={topology}", f"simulation.symmetry={symmetry}"])
-    return simulate(sc).summary["step_time_s"]
+def _ordered(order: str, symmetry: str, topology: str = PODS.format(16.0)) -> float:
+    return _job(topology, symmetry, *TWO_STAGES, f"parallel.order={order}")["step_time_s"]
 
 
 def test_replicas_kept_together_send_between_stages_inside_a_pod() -> None:
     """Megatron's order puts stage 0 in one pod and stage 1 in the other, so every pipeline send crosses the
     16:1 core; Meta's keeps each replica in a pod and sends the gradient rings across instead. Symmetric runs
-    equal the runs of every GPU in both orders, including when a node holds both stages."""
+    equal the runs of every GPU in Meta's order too (Megatron's: the test above), including when a node holds
+    both stages."""
     megatron, meta = _ordered("tp-dp-pp", "off"), _ordered("tp-pp-dp", "off")
     # here the gradient rings (≈ 2.6 GB of fp32 gradients per GPU) outweigh the pipeline sends (8 MB per
     # micro-batch each way): keeping the replicas together is the slower choice for this small model
     assert meta > 1.5 * megatron
-    for order in ("tp-dp-pp", "tp-pp-dp"):
-        assert _ordered(order, "on") == pytest.approx(_ordered(order, "off"), rel=1e-9)
+    assert _ordered("tp-pp-dp", "on") == pytest.approx(meta, rel=1e-9)
     # one node holds both stages of a replica (TP 1 < 2 GPUs per node): the executor's shortcuts step aside
     flat = "{kind: fat-tree, nodes_per_leaf: 4, oversubscription: 1}"
     assert _ordered("tp-pp-dp", "on", flat) == pytest.approx(_ordered("tp-pp-dp", "off", flat), rel=1e-9)

@@ -83,28 +83,32 @@ class Symmetry:
                     routes.append(topo.route_links(a, b, nics_a[c % len(nics_a)], nics_b[c % len(nics_b)]))
         return routes
 
+    def _routes(self, ranks, kinds: tuple[str, ...]):
+        """The route of every flow the traffic of ``ranks`` may start: their groups' collectives of ``kinds``
+        (each group once, every algorithm's pairs and channels) and their pipeline sends to both neighbours."""
+        lay, topo = self.layout, self.topology
+        groups: set[tuple] = set()
+        for x in ranks:
+            for kind in kinds:
+                grp = self.group(x, kind)
+                if len(grp) > 1 and (kind, tuple(grp)) not in groups:
+                    groups.add((kind, tuple(grp)))
+                    yield from self._group_routes(grp)
+            stage = lay.coords(x)[2]
+            for s2 in (stage - 1, stage + 1):
+                if 0 <= s2 < self.pp:
+                    yield topo.route_links(x, lay.stage_peer(x, s2))
+
     def _binding_links(self) -> set[int]:
         """Links that could limit some flow: those whose capacity is below the sum of the top speeds
         (route bottlenecks) of every flow that could ever cross them. Sharing any other link changes
-        nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine)."""
-        lay, topo = self.layout, self.topology
+        nobody's rate, so the symmetry analysis ignores it (e.g. a non-oversubscribed spine). The leaf and
+        pod links are decided over every rank's traffic instead (``_fabric_binding``)."""
+        topo = self.topology
         cap: list[float] = topo.capacity_Bps.tolist()
-        routes: list[tuple[int, ...]] = []  # the route of every potential flow, each flow once
-        groups: set[tuple] = set()  # (kind, group) whose flows are in
-        for g in self.gpus:
-            stage = lay.coords(g)[2]
-            for x in [g, *self.same_place(g)]:
-                for kind in KINDS:
-                    grp = self.group(x, kind)
-                    if len(grp) > 1 and (kind, tuple(grp)) not in groups:
-                        groups.add((kind, tuple(grp)))
-                        routes.extend(self._group_routes(grp))
-                for s2 in (stage - 1, stage + 1):
-                    if 0 <= s2 < self.pp:
-                        routes.append(topo.route_links(x, lay.stage_peer(x, s2)))
+        fabric = set(topo.fabric_links)
         demand: dict[int, float] = {}
-        fabric = set(topo.fabric_links)  # decided over every rank's traffic: _fabric_binding
-        for r in routes:
+        for r in self._routes([x for g in self.gpus for x in (g, *self.same_place(g))], KINDS):
             top = min(cap[link] for link in r)
             for link in r:
                 if link not in fabric:
@@ -120,36 +124,21 @@ class Symmetry:
         and a link above the smaller of the two summed demands can never be full (the bound is sound).
         Without oversubscription neither a leaf's or pod's uplink (its sources are its NICs) nor its downlink
         (its destinations are) can be, so nothing is enumerated."""
-        topo, lay = self.topology, self.layout
+        topo = self.topology
         if not (self.symmetric and topo.oversubscribed):
             return set()
         fabric = set(topo.fabric_links)
         cap: list[float] = topo.capacity_Bps.tolist()
         by_src: dict[int, dict[int, float]] = {}  # fabric link -> first link of a route -> summed top speeds
         by_dst: dict[int, dict[int, float]] = {}  # fabric link -> last link of a route -> summed top speeds
-
-        def add(route: tuple[int, ...]) -> None:
+        kinds = (*KINDS, "emb", "mp") if self.pp > 1 else KINDS
+        for route in self._routes(range(self.layout.world_size), kinds):
             hit = fabric.intersection(route)
             if hit:
                 top = min(cap[link] for link in route)
                 for link in hit:
                     for per, end in ((by_src.setdefault(link, {}), route[0]), (by_dst.setdefault(link, {}), route[-1])):
                         per[end] = per.get(end, 0.0) + top
-
-        groups: set[tuple] = set()
-        for x in range(lay.world_size):
-            stage = lay.coords(x)[2]
-            for kind in (*KINDS, "emb", "mp"):
-                if kind in ("emb", "mp") and self.pp == 1:
-                    continue
-                grp = self.group(x, kind)
-                if len(grp) > 1 and (kind, tuple(grp)) not in groups:
-                    groups.add((kind, tuple(grp)))
-                    for r in self._group_routes(grp):
-                        add(r)
-            for s2 in (stage - 1, stage + 1):
-                if 0 <= s2 < self.pp:
-                    add(topo.route_links(x, lay.stage_peer(x, s2)))
 
         def bound(per: dict[int, float]) -> float:
             return sum(min(cap[end], d) for end, d in per.items())

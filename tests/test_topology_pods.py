@@ -115,6 +115,19 @@ def test_symmetry_sees_every_node_of_a_stage_on_an_oversubscribed_tree(topology:
     assert step("on") == pytest.approx(step("off"), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("extra", [(), TWO_STAGES[:2], (*TWO_STAGES[:2], "parallel.order=tp-pp-dp")],
+                         ids=["tp2-dp8", "pp2-dp8", "pp2-dp8-meta"])
+def test_sharded_data_parallelism_routes_rings_only_and_stays_exact(zero: int, extra: tuple[str, ...]) -> None:
+    """Under ZeRO 1–3 every data-parallel collective that moves data is a ring (reduce-scatter, all-gather),
+    so the symmetry analysis routes ring neighbours only (``Symmetry.ring_routes``), not every edge a double
+    binary tree could use; on the 16:1 tree a symmetric run still equals the run of every GPU."""
+    topology = "{kind: fat-tree, nodes_per_leaf: 4, oversubscription: 16}"
+    ov = ("cluster.gpu_speed_spread=0", f"parallel.zero={zero}", *extra)
+    assert _job(topology, "on", *ov)["step_time_s"] == pytest.approx(_job(topology, "off", *ov)["step_time_s"],
+                                                                    rel=1e-9)
+
+
 def test_metas_rank_order_as_its_paper_draws_it() -> None:
     """Llama 3 paper §3.3.2: 16 GPUs as [TP, CP, PP, DP] = 2 each: GPU0 and GPU1 share a TP group, GPU0 and
     GPU2 a CP group, GPU0 and GPU4 a PP group, GPU0 and GPU8 a DP group (dtsim's data group holds the CP

@@ -129,10 +129,13 @@ def _links(topology, protocol: str, nics: int) -> tuple[float, float, float, flo
 
 
 def predict_s(op: str, algorithm: str, protocol: str, size_bytes: float, shape: GroupShape, topology,
-              cfg: CommConfig) -> float:
-    """Closed-form time of the collective on idle links (the tuner's model), launch included."""
+              cfg: CommConfig, inter_share: float = 1.0) -> float:
+    """Closed-form time of the collective on idle links (the tuner's model), launch included.
+    ``inter_share`` (≥ 1): the group's NICs get 1/inter_share of their bandwidth, as when other groups fill
+    an oversubscribed tree's uplinks beside it (the planner's screen: ``sim.explore.fabric``)."""
     p, n = shape.p, size_bytes
     a_i, b_i, a_e, b_e = _links(topology, protocol, shape.nics)
+    b_e /= inter_share
     multi = shape.nodes > 1
     launch = base_latency_s(algorithm, protocol)
     if op in ("reduce_scatter", "all_gather", "all_reduce") and algorithm == "ring":

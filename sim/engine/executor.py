@@ -125,7 +125,7 @@ class TrainingExecutor:
         self._choices: dict = {}
         self._plans: dict[tuple, _Plan] = {}  # (g, kind, op, bytes) -> _plan(...)
         sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds(),
-                       apart=self._apart_kinds())
+                       apart=self._apart_kinds(), ring_routes=self._ring_route_kinds() if symmetric else set())
         self._group = sym.group
         self._cross_stage_mirrors = sym.cross_stage_mirrors
         self._mirror_groups = sym.mirror_groups
@@ -787,6 +787,19 @@ class TrainingExecutor:
         job = self.job
         if self._stages_share_nodes():
             return set()
+        rings = self._ring_route_kinds()
+        # ZeRO-1: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-2/3's
+        # per-micro-batch, per-layer reduce-scatters interleave with the backward's TP collectives in ways
+        # the peers' groups still matter for: kept.)
+        return rings if job.zero == 1 else rings - {"dp"}
+
+    def _ring_route_kinds(self) -> set[str]:
+        """"tp"/"dp" when every collective of that kind that moves data runs as a ring, so that its traffic
+        is that of ring neighbours only (``Symmetry.ring_routes``): TP's as the tuner chooses them for their
+        real sizes (latency-bound ones left out), DP's when its ops exist only as rings (reduce-scatter and
+        all-gather: ZeRO 1–3 without a whole-gradient all-reduce or compression). The 4-byte gradient-norm
+        and loss-scale all-reduces move too little to load a link: left out."""
+        job = self.job
         group = self.layout.tp_group(self.gpus[0])
         tp = {(b.comm_op_kind[0], b.comm_bytes) for c in job.chunks for lw in c.layers
               for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
@@ -796,11 +809,8 @@ class TrainingExecutor:
         # moves too little for its ranks to finish apart or to load the links its peers use: it does not
         # need the mirrored groups either.
         tp_rings = len(group) == 1 or all(c.algorithm == "ring" or c.protocol == "LL" for c in choices)
-        # ZeRO-1: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-2/3's
-        # per-micro-batch, per-layer reduce-scatters interleave with the backward's TP collectives in ways
-        # the peers' groups still matter for: kept.)
-        dp_ops = {self._grad_op(), "all_gather"}
-        dp_rings = job.zero == 1 and job.compression_ratio is None and all(
+        dp_ops = {"reduce_scatter" if job.zero == 3 else self._grad_op(), "all_gather"}
+        dp_rings = job.zero >= 1 and job.compression_ratio is None and all(
             COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
         return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
 

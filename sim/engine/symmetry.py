@@ -22,7 +22,7 @@ class Symmetry:
 
     def __init__(self, topology: Topology, layout: Layout, pp: int, comm: CommConfig, gpus: list[int],
                  symmetric: bool, ring_only: set[str] | None = None,
-                 apart: frozenset[frozenset[str]] = frozenset()):
+                 apart: frozenset[frozenset[str]] = frozenset(), ring_routes: set[str] | None = None):
         self.topology = topology
         self.layout = layout
         self.pp = pp
@@ -39,8 +39,12 @@ class Symmetry:
         # TP and DP when every DP collective waits for the end of the backward pass): sharing a link with
         # each other does not stop a kind's collectives being simulated once and reused (``cacheable``).
         self.apart = apart
+        # Kinds whose collectives that move data all run as rings (``TrainingExecutor._ring_route_kinds``):
+        # their groups' flows are those of ring neighbours only, not every pair another algorithm could use.
+        # (Latency-bound ones, such as the 4-byte gradient-norm all-reduce, load no link enough to matter.)
+        self.ring_routes = ring_routes or set()
         self._link_cache: dict[tuple, set[int]] = {}
-        self._route_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._route_cache: dict[tuple, list[tuple[int, ...]]] = {}
         self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
         self._stage_cache: dict[int, list[int]] = {}
         self._mirrors: dict[tuple, list] = {}
@@ -50,17 +54,19 @@ class Symmetry:
         self.fabric_binds = bool(self.binding & set(topology.fabric_links))
         self.cacheable: set[str] = self._cacheable_kinds()
 
-    def _group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
-        """Routes the collectives over ``group`` may use (every channel's NIC choice included): ring
-        neighbours, and the pairs of every other algorithm the scenario allows (a superset keeps the
-        symmetry analysis exact). Computed once per group."""
-        key = tuple(group)
+    def _group_routes(self, group: list[int], kind: str) -> list[tuple[int, ...]]:
+        """Routes the collectives of ``kind`` over ``group`` may use (every channel's NIC choice included):
+        ring neighbours, and unless the kind runs rings only (``ring_routes``) the pairs of every other
+        algorithm the scenario allows (a superset keeps the symmetry analysis exact). Computed once per
+        group."""
+        rings = kind in self.ring_routes
+        key = (tuple(group), rings)
         routes = self._route_cache.get(key)
         if routes is None:
-            routes = self._route_cache[key] = self._find_group_routes(group)
+            routes = self._route_cache[key] = self._find_group_routes(group, rings)
         return routes
 
-    def _find_group_routes(self, group: list[int]) -> list[tuple[int, ...]]:
+    def _find_group_routes(self, group: list[int], rings: bool = False) -> list[tuple[int, ...]]:
         topo = self.topology
         servers = list(self.comm.server_gpus) if self.comm.dp_algorithm == "parameter_server" else []
         members = group + servers
@@ -68,7 +74,9 @@ class Symmetry:
         channels = max((len(v) for v in nics.values()), default=1)
         routes: list[tuple[int, ...]] = []
         by_node = [list(r) for r in group_shape(topo, group).ranks_by_node]
-        pairs = sorted(algorithm_pairs(len(group), by_node, self.comm, len(servers)))
+        p = len(group)
+        pairs = (sorted({(i, (i + 1) % p) for i in range(p)}) if rings
+                 else sorted(algorithm_pairs(p, by_node, self.comm, len(servers))))
         node = [topo.node_of(x) for x in members]
         for ia, ib in pairs:
             a, b = members[ia], members[ib]
@@ -93,7 +101,7 @@ class Symmetry:
                 grp = self.group(x, kind)
                 if len(grp) > 1 and (kind, tuple(grp)) not in groups:
                     groups.add((kind, tuple(grp)))
-                    yield from self._group_routes(grp)
+                    yield from self._group_routes(grp, kind)
             stage = lay.coords(x)[2]
             for s2 in (stage - 1, stage + 1):
                 if 0 <= s2 < self.pp:
@@ -160,19 +168,19 @@ class Symmetry:
         if out is None:
             mine = self.group(g, kind)
             seen, out = {tuple(mine)}, []
-            links = self._links_of(mine) if self.fabric_binds else None
+            links = self._links_of(mine, kind) if self.fabric_binds else None
             for x in self.candidates(g):
                 grp = self.group(x, kind)
-                if tuple(grp) in seen or (links is not None and not self._links_of(grp) & links):
+                if tuple(grp) in seen or (links is not None and not self._links_of(grp, kind) & links):
                     continue
                 seen.add(tuple(grp))
                 out.append(grp)
             self._mirrors[key] = out
         return out
 
-    def _group_links(self, group: list[int]) -> set[int]:
-        """The binding links a ring over ``group`` may cross."""
-        return {link for r in self._group_routes(group) for link in r} & self.binding
+    def _group_links(self, group: list[int], kind: str) -> set[int]:
+        """The binding links the collectives of ``kind`` over ``group`` may cross."""
+        return {link for r in self._group_routes(group, kind) for link in r} & self.binding
 
     def _cacheable_kinds(self) -> set[str]:
         """Collective kinds whose links no other traffic of the job can touch while they run (symmetric mode
@@ -194,9 +202,9 @@ class Symmetry:
             for kind in KINDS:
                 grp = self.group(g, kind)
                 if len(grp) > 1:
-                    use(self._links_of(grp), (kind, tuple(grp)))
+                    use(self._links_of(grp, kind), (kind, tuple(grp)))
                 for m in self.mirror_groups(g, kind):
-                    use(self._links_of(m), (kind, tuple(m)))
+                    use(self._links_of(m, kind), (kind, tuple(m)))
             for s2 in (stage - 1, stage + 1):
                 if 0 <= s2 < self.pp:
                     for a, b in [(g, lay.stage_peer(g, s2)), *self.p2p_mirrors(g, s2)]:
@@ -223,11 +231,11 @@ class Symmetry:
             return lay.ep_group(g) if kind == "ep" else lay.edp_group(g) if kind == "edp" else lay.cp_group(g)
         return lay.tp_group(g) if kind == "tp" else lay.dp_group(g) if kind == "dp" else lay.mp_group(g)
 
-    def _links_of(self, group: list[int]) -> set[int]:
-        key = tuple(group)
+    def _links_of(self, group: list[int], kind: str) -> set[int]:
+        key = (tuple(group), kind in self.ring_routes)
         links = self._link_cache.get(key)
         if links is None:
-            links = self._link_cache[key] = self._group_links(group)
+            links = self._link_cache[key] = self._group_links(group, kind)
         return links
 
     def same_place(self, g: int) -> list[int]:
@@ -247,27 +255,28 @@ class Symmetry:
             mine = self.group(g, kind)
             out = []
             if len(mine) > 1:
-                links = self._links_of(mine)
+                links = self._links_of(mine, kind)
                 seen = {tuple(mine)}
                 for x in self.candidates(g):
                     grp = self.group(x, kind)
-                    if tuple(grp) not in seen and self._links_of(grp) & links:
+                    if tuple(grp) not in seen and self._links_of(grp, kind) & links:
                         seen.add(tuple(grp))
                         out.append(grp)
                 # Groups crossing the links of g's other collective (e.g. the TP pairs of g's DP peers
                 # on the DP tree's links): a tree or a server is not gated step by step like a ring,
                 # so the peers' own traffic must be there, not only g's.
-                other = self.group(g, "dp" if kind == "tp" else "tp")
+                other_kind = "dp" if kind == "tp" else "tp"
+                other = self.group(g, other_kind)
                 rings = {"tp", "dp"} <= self.ring_only  # both rings: each is gated by its own mirrors
                 if kind in ("tp", "dp") and len(other) > 1 and not rings:
-                    other_links = self._links_of(other)
+                    other_links = self._links_of(other, other_kind)
                     covered = set(mine)  # ranks whose group was looked at (groups of a kind partition the ranks)
                     for x in self._stage_ranks(self.layout.coords(g)[2]):
                         if x in covered:
                             continue
                         grp = self.group(x, kind)
                         covered.update(grp)
-                        if tuple(grp) not in seen and self._links_of(grp) & other_links:
+                        if tuple(grp) not in seen and self._links_of(grp, kind) & other_links:
                             seen.add(tuple(grp))
                             out.append(grp)
             self._mirrors[key] = out

@@ -26,6 +26,7 @@ from sim.engine import algorithms as alg
 from sim.engine.job import Block
 from sim.engine.variability import expected_slowest
 from sim.errors import ScenarioError
+from sim.explore.fabric import kind_shares
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
 from sim.schedules.actions import SPLIT_BACKWARD
@@ -200,6 +201,23 @@ class Estimator:
         self.comm = alg.comm_config_for(scenario, self._topology(1))
         self._priced: dict = {}
         self._times = lru_cache(maxsize=None)(self._layer_times)
+        # An oversubscribed tree: every group of a kind shares its uplinks (``sim.explore.fabric``), priced on
+        # the whole cluster's topology, once per layout.
+        t = c.topology
+        self._tree = (topology_for(scenario, self.cost) if t.kind != "single-switch"
+                      and (t.oversubscription > 1 or t.pod_oversubscription > 1) else None)
+        self._shares: dict[tuple[int, int, int], dict[str, float]] = {}
+
+    def fabric_shares(self, lay: Layout) -> dict[str, float]:
+        """Per kind of traffic ("dp", "pp", "emb"), how many times slower the layout's groups cross an
+        oversubscribed tree when all of them communicate at once (1.0 without oversubscription)."""
+        key = (lay.dp, lay.tp, lay.pp)
+        got = self._shares.get(key)
+        if got is None:
+            kinds = ("dp", "pp", "emb")  # tensor parallelism stays inside a node (the planner's rule)
+            got = self._shares[key] = (kind_shares(self._tree, lay, kinds) if self._tree is not None
+                                       else dict.fromkeys(kinds, 1.0))
+        return got
 
     # ---- collectives, priced by the simulator's tuner ----------------------------------------------
     def _topology(self, nodes: int):
@@ -208,29 +226,30 @@ class Estimator:
             topo = self._topos[nodes] = topology_for(self.scenario, self.cost, max_nodes=nodes)
         return topo
 
-    def collective_s(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
-        """The tuner's predicted time of ``op`` on the group ``ranks`` (global GPU ids), launch included."""
+    def collective_s(self, op: str, kind: str, ranks: list[int], n_bytes: float, share: float = 1.0) -> float:
+        """The tuner's predicted time of ``op`` on the group ``ranks`` (global GPU ids), launch included;
+        ``share``: its NICs get 1/share of their bandwidth (``fabric_shares``)."""
         if len(ranks) <= 1 or n_bytes <= 0:
             return 0.0
-        return self._priced_collective(op, kind, ranks, n_bytes)[0]
+        return self._priced_collective(op, kind, ranks, n_bytes, share)[0]
 
-    def sm_share_of(self, op: str, kind: str, ranks: list[int], n_bytes: float) -> float:
+    def sm_share_of(self, op: str, kind: str, ranks: list[int], n_bytes: float, share: float = 1.0) -> float:
         """The share of the GPU's SMs this collective's NCCL kernel holds, so the compute it overlaps loses
         that share of its time: its CTAs by where the group's ranks are and the algorithm it runs (as the
         simulation's executor prices it)."""
         if len(ranks) <= 1 or n_bytes <= 0:
             return 0.0
-        _, a, shape = self._priced_collective(op, kind, ranks, n_bytes)
+        _, a, shape = self._priced_collective(op, kind, ranks, n_bytes, share)
         return self.nccl.share(shape.nodes, shape.per_node, a)
 
-    def _priced_collective(self, op: str, kind: str, ranks: list[int], n_bytes: float):
+    def _priced_collective(self, op: str, kind: str, ranks: list[int], n_bytes: float, share: float = 1.0):
         """(time, algorithm, group shape) of the tuner's fastest closed-form prediction for the group, its
         rank pattern moved to the first nodes."""
         per = self.gpus_per_node
         nodes = sorted({r // per for r in ranks})
         where = {n: i for i, n in enumerate(nodes)}
         local = [where[r // per] * per + r % per for r in ranks]
-        key = (op, kind, n_bytes, tuple(local))
+        key = (op, kind, n_bytes, tuple(local), share)
         hit = self._priced.get(key)
         if hit is None:
             topo = self._topology(len(nodes))
@@ -238,7 +257,7 @@ class Estimator:
             # The tuner's closed-form predictions, fastest first (``choose`` without its refinement, which
             # times near-tied candidates by simulating them: ~70 % of a 175B screen's time for < 30 %).
             t, a = min(
-                (alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm), a)
+                (alg.predict_s(op, a, proto, n_bytes, shape, topo, self.comm, inter_share=share), a)
                 for a in alg.candidates(op, kind, shape, self.comm, topo)
                 for proto in alg.PIPELINE_PROTOCOLS.get(a, ("Simple",))
             )
@@ -344,27 +363,29 @@ class Estimator:
         """The candidate's gradient bucket (the stack's default depends on its data-parallel size)."""
         return grad_bucket_bytes(self.bucket_MB, transformer=True, data=dp, grad_elem_bytes=self.gbytes)
 
-    def _param_gather_s(self, dp_group: list[int], held_bytes: float, layer_bytes: float) -> float:
+    def _param_gather_s(self, dp_group: list[int], held_bytes: float, layer_bytes: float, share: float) -> float:
         """Exposed time of gathering a ZeRO 1/2 update: all of it after the optimizer step, or with
         ``overlap_param_gather`` the first layer's (the forward waits for it) and the SMs the rest holds
         beside the next forward."""
-        whole = self.collective_s("all_gather", "dp", dp_group, held_bytes)
+        whole = self.collective_s("all_gather", "dp", dp_group, held_bytes, share)
         if not self.overlap_param_gather or held_bytes <= layer_bytes:
             return whole
-        first = self.collective_s("all_gather", "dp", dp_group, layer_bytes)
-        return first + (whole - first) * self.sm_share_of("all_gather", "dp", dp_group, layer_bytes)
+        first = self.collective_s("all_gather", "dp", dp_group, layer_bytes, share)
+        return first + (whole - first) * self.sm_share_of("all_gather", "dp", dp_group, layer_bytes, share)
 
-    def _dp_buckets_s(self, op: str, group: list[int], grads_bytes: float, layer_grad_bytes: float) -> float:
+    def _dp_buckets_s(self, op: str, group: list[int], grads_bytes: float, layer_grad_bytes: float,
+                      share: float) -> float:
         """The gradient sync as the executor runs it: layers' gradients gathered into buckets of at least
         ``bucket_MB`` (one collective each, serialised on the DP stream); one collective of everything
         when the sync is not overlapped."""
         if grads_bytes <= 0:
             return 0.0
         if not self.overlap_grad_sync or layer_grad_bytes <= 0:
-            return self.collective_s(op, "dp", group, grads_bytes)
+            return self.collective_s(op, "dp", group, grads_bytes, share)
         per_bucket = max(1, -(-self._bucket_bytes(len(group)) // layer_grad_bytes)) * layer_grad_bytes
         full, rest = divmod(grads_bytes, per_bucket)
-        return full * self.collective_s(op, "dp", group, per_bucket) + self.collective_s(op, "dp", group, rest)
+        return (full * self.collective_s(op, "dp", group, per_bucket, share)
+                + self.collective_s(op, "dp", group, rest, share))
 
     def estimate(self, c: Candidate) -> Estimate:
         """Closed-form step time of ``c`` (and its model-state bytes)."""
@@ -374,6 +395,7 @@ class Estimator:
         fsdp = fsdp_flat(ks, c.zero, dp)
         lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b", fsdp)
         lay = Layout(dp=dp, tp=t, pp=p, order=self.parallel.order)
+        sh = self.fabric_shares(lay)  # all 1.0 unless the tree is oversubscribed
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute
         per_layer = lt.fwd + lt.bwd + lt.recompute + tp_layer
@@ -391,18 +413,27 @@ class Estimator:
         p2p_hop = gather = 0.0
         rebuild = P2P_GATHERS[ks.p2p_gather]
         if p > 1:
-            p2p_hop = self.collective_s("send_recv", "pp", [0, lay.rank(0, 0, 1)], send)
+            p2p_hop = self.collective_s("send_recv", "pp", [0, lay.rank(0, 0, 1)], send, sh["pp"])
             if t > 1 and ks.scatter_gather_p2p and not sp:  # as sim.build: the all-gather, then its copies
                 copied = rebuild.copy_bytes(activation, t)
                 gather = self.collective_s("all_gather", "tp", self._tp_group(t), activation) + (
                     self.slowest * self.cost.op_time_s(elementwise("p2p gather copies", copied, act_dtype))
                     if copied > 0 else 0.0)
-        hop = p2p_hop if p2p_blocks(ks, c.schedule, self.overlap_p2p_comm) else 0.0
+        blocking = p2p_blocks(ks, c.schedule, self.overlap_p2p_comm)
+        hop = p2p_hop if blocking else 0.0
+        # Exchanges beside compute hide behind the chunk computed meanwhile (a forward or a backward of one
+        # chunk); what outlasts it (a slow or shared link) delays the next chunk, per chunk and micro-batch.
+        late = 0.0
+        if p > 1 and not blocking:
+            n = max(layers)
+            fwd_chunk = n * (lt.fwd + lt.tp_fwd) / v
+            bwd_chunk = n * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
+            late = v * (max(0.0, p2p_hop - fwd_chunk) + max(0.0, p2p_hop - bwd_chunk))
         t_max = max(stage_t)
         # Per micro-batch a stage receives (and rebuilds) its input once forward and its gradient once
         # backward per chunk (DeepSpeed rebuilds its own output before the backward as well).
         gathers = 1 + rebuild.backward_gathers
-        period = t_max + gathers * v * gather + 2 * hop * (p > 1)
+        period = t_max + gathers * v * gather + 2 * hop * (p > 1) + late
         # (m + (p − 1)/v) periods: the bubble (p − 1)/(v·m + p − 1) of the whole pipeline time; the
         # fill/drain also pays the unhidden hops.
         pipe = (m * period + (sum(stage_t) - t_max + (p - 1) * (2 * p2p_hop + gathers * gather)) / v) if p > 1 \
@@ -419,8 +450,8 @@ class Estimator:
         if dp > 1:
             if c.zero == 3:  # every layer's weights gathered for F and B, gradients scattered, per micro-batch
                 n_layers = max(layers)
-                gather_w = self.collective_s("all_gather", "dp", dp_group, layer_weights)
-                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
+                gather_w = self.collective_s("all_gather", "dp", dp_group, layer_weights, sh["dp"])
+                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads, sh["dp"])
                 if fsdp:  # FSDP's kernels on its DP streams: the shard casts and the gradient pre-divide
                     gather_w += fsdp_pre_gather_s(self.cost, layer_weights, eb, dp)
                     scatter += fsdp_pre_reduce_s(self.cost, layer_grads)
@@ -443,17 +474,18 @@ class Estimator:
                 backlog = excess + (m * v - 1) * max(0.0, excess - slack)
                 exposed = min(after, 2 * v * m * gather_w + max(backlog, scatters + max(0.0, after - pipe)))
                 dp_exposed = exposed + (after - exposed) * self.sm_share_of("all_gather", "dp", dp_group,
-                                                                             layer_weights)
+                                                                             layer_weights, sh["dp"])
             elif c.zero == 2:  # sharded gradients: every micro-batch's reduce-scattered, layer by layer
-                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads)
+                scatter = self.collective_s("reduce_scatter", "dp", dp_group, layer_grads, sh["dp"])
                 rest = grads - layers[0] * layer_grads  # the embedding's (and head's) gradients
-                per_mb = layers[0] * scatter + (self.collective_s("reduce_scatter", "dp", dp_group, rest)
+                per_mb = layers[0] * scatter + (self.collective_s("reduce_scatter", "dp", dp_group, rest, sh["dp"])
                                                 if rest > 0 else 0.0)
                 sync = m * per_mb
-                after = self._param_gather_s(dp_group, held * eb, layer_weights)
+                after = self._param_gather_s(dp_group, held * eb, layer_weights, sh["dp"])
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     exposed = max(scatter, sync - m * period)
-                    slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads)
+                    slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads,
+                                                                  sh["dp"])
                     dp_exposed = exposed + slowed + after
                 else:
                     dp_exposed = sync + after
@@ -461,14 +493,15 @@ class Estimator:
                 # (DeepSpeed of 2021-22 all-reduces the whole gradients even under ZeRO-1)
                 whole = c.zero == 0 or ks.zero1_grad_all_reduce
                 op = "all_reduce" if whole else "reduce_scatter"
-                sync = self._dp_buckets_s(op, dp_group, grads, layer_grads)
-                after = self._param_gather_s(dp_group, held * eb, layer_weights) if c.zero == 1 else 0.0
+                sync = self._dp_buckets_s(op, dp_group, grads, layer_grads, sh["dp"])
+                after = self._param_gather_s(dp_group, held * eb, layer_weights, sh["dp"]) if c.zero == 1 else 0.0
                 if self.overlap_grad_sync:
                     overlap = layers[0] * (lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute) / v
-                    last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads)
+                    last_bucket = self._dp_buckets_s(op, dp_group, min(grads, self._bucket_bytes(dp)), layer_grads,
+                                                     sh["dp"])
                     hidden = max(0.0, min(sync - last_bucket, overlap))
                     # NCCL's kernels hold SMs while they overlap compute: that compute runs slower.
-                    slowed = hidden * self.sm_share_of(op, "dp", dp_group, min(grads, self._bucket_bytes(dp)))
+                    slowed = hidden * self.sm_share_of(op, "dp", dp_group, min(grads, self._bucket_bytes(dp)), sh["dp"])
                     dp_exposed = sync - hidden + slowed + after
                 else:
                     dp_exposed = sync + after
@@ -478,7 +511,7 @@ class Estimator:
         tail = max(layers) * lt.weight_cast  # fp8 weights cast once per step (on the fullest stage)
         if d.tied_embeddings and p > 1:
             emb_bytes = -(-d.vocab // t) * d.hidden * gb
-            tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes)
+            tail += self.collective_s("all_reduce", "emb", [0, lay.rank(0, 0, p - 1)], emb_bytes, sh["emb"])
         opt, clip = megatron_optimizer(self.cost, precision=self.precision, optimizer=self.training.optimizer,
                                        params_per_gpu=held, data=dp, zero=c.zero, gbytes=gb, ks=ks,
                                        state_bytes=self.state_bytes)
@@ -490,7 +523,7 @@ class Estimator:
         if self.training.grad_clip is not None:
             tail += self.slowest * clip.dur_s + self.collective_s("all_reduce", "mp", mp_group, 4.0)
             if c.zero >= 1:
-                tail += self.collective_s("all_reduce", "dp", dp_group, 4.0)
+                tail += self.collective_s("all_reduce", "dp", dp_group, 4.0, sh["dp"])
         step = pipe + dp_exposed + tail
         compute = m * max(n * (lt.fwd + lt.bwd + lt.recompute) for n in layers)
         return Estimate(
@@ -498,7 +531,7 @@ class Estimator:
             compute_s=compute,
             bubble_fraction=bubble,
             tp_comm_s=m * max(layers) * tp_layer if t > 1 else 0.0,
-            p2p_s=2 * (m + p - 1) * (hop + gather) if p > 1 else 0.0,
+            p2p_s=2 * (m + p - 1) * (hop + gather) + m * late if p > 1 else 0.0,
             dp_exposed_s=dp_exposed,
             dp_comm_s=dp_total,
             optimizer_s=tail,

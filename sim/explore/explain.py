@@ -21,6 +21,7 @@ from sim.explore.search import (
     score_of,
     stack_gap,
 )
+from sim.parallel.layout import Layout
 from sim.training.step_work import dense_layer_ops
 
 GB = 1e9
@@ -142,6 +143,7 @@ def _pipeline(result: PlanResult, win: Screened, m: int) -> str:
     else:
         v, p = c.virtual_stages, c.pipeline
         why += f"; bubble (p−1)/(v·m+p−1) = ({p}−1)/({v}·{m}+{p}−1) = {e.bubble_fraction:.1%}"
+        why += _fabric_note(est, c, "pp")
     return why + slower(win, best_other(result, win, "pipeline"), "pipeline")
 
 
@@ -158,9 +160,23 @@ def _data(result: PlanResult, win: Screened, m: int) -> str:
     )
     return (
         f"DP {c.data} gets the remaining GPUs for throughput: {c.data} replicas each run "
-        f"{plural(m, 'micro-batch')} per step; the gradient sync ({op} over {link}) takes est. "
-        f"{e.dp_comm_s:.2f} s, {e.dp_exposed_s:.2f} s of it exposed after overlapping the last backward"
+        f"{plural(m, 'micro-batch')} per step; the gradient sync ({op} over {link}{_fabric_note(est, c, 'dp')}) "
+        f"takes est. {e.dp_comm_s:.2f} s, {e.dp_exposed_s:.2f} s of it exposed after overlapping the last backward"
     )
+
+
+def _fabric_note(est, c, kind: str) -> str:
+    """Where the screen found the layout's groups of ``kind`` sharing an oversubscribed tree's uplinks
+    (``sim.explore.fabric``), what that costs them; else ""."""
+    lay = Layout(dp=c.data, tp=c.tensor, pp=c.pipeline, order=est.parallel.order)
+    share = est.fabric_shares(lay)[kind]
+    if share <= 1.0 + 1e-9:
+        return ""
+    if kind == "dp":
+        return (f", each ring at 1/{share:.3g} of its NICs' speed: every data-parallel ring crosses the "
+                f"oversubscribed tree at once, cluster.topology")
+    return (f"; its sends cross the oversubscribed tree at 1/{share:.3g} of the NICs' speed, every stage "
+            f"boundary at once (cluster.topology)")
 
 
 def _schedule(result: PlanResult, win: Screened, m: int) -> str | None:

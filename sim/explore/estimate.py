@@ -26,7 +26,7 @@ from sim.engine import algorithms as alg
 from sim.engine.job import Block
 from sim.engine.variability import expected_slowest
 from sim.errors import ScenarioError
-from sim.explore.fabric import kind_shares
+from sim.explore.fabric import kind_shares, tree_oversubscribed
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
 from sim.schedules.actions import SPLIT_BACKWARD
@@ -71,6 +71,7 @@ class Candidate:
     sequence_parallel: bool = False
     # interleaved: micro-batches through each chunk together (parallel.microbatch_group_size; None: pipeline)
     microbatch_group: int | None = None
+    order: str = "tp-dp-pp"  # parallel.order: Megatron's, or Meta's replica-contiguous "tp-pp-dp"
 
     @property
     def gpus(self) -> int:
@@ -80,7 +81,8 @@ class Candidate:
         """The candidate's settings that belong to the scenario's parallel section."""
         return {"data": self.data, "tensor": self.tensor, "pipeline": self.pipeline, "schedule": self.schedule,
                 "virtual_stages": self.virtual_stages, "zero": self.zero,
-                "sequence_parallel": self.sequence_parallel, "microbatch_group_size": self.microbatch_group}
+                "sequence_parallel": self.sequence_parallel, "microbatch_group_size": self.microbatch_group,
+                "order": self.order}
 
     def overrides(self) -> list[str]:
         """The ``--set`` strings that turn the base scenario into this candidate."""
@@ -94,6 +96,7 @@ class Candidate:
             f"parallel.microbatch_group_size={'null' if self.microbatch_group is None else self.microbatch_group}",
             f"parallel.zero={self.zero}",
             f"parallel.sequence_parallel={'true' if self.sequence_parallel else 'false'}",
+            f"parallel.order={self.order}",
             f"training.micro_batch={self.micro_batch}",
             f"training.checkpointing={self.checkpointing}",
             # only a sharded optimizer gathers its update (a base that overlaps it keeps that for ZeRO 1/2)
@@ -107,9 +110,10 @@ class Candidate:
         if self.microbatch_group is not None:
             sched += f" N{self.microbatch_group}"
         sp = " sp" if self.sequence_parallel else ""
+        order = f" {self.order}" if self.order != "tp-dp-pp" else ""
         return (
             f"d{self.data} t{self.tensor} p{self.pipeline} mb{self.micro_batch} {sched} "
-            f"z{self.zero} ckpt:{self.checkpointing}{sp}"
+            f"z{self.zero} ckpt:{self.checkpointing}{sp}{order}"
         )
 
 
@@ -203,15 +207,13 @@ class Estimator:
         self._times = lru_cache(maxsize=None)(self._layer_times)
         # An oversubscribed tree: every group of a kind shares its uplinks (``sim.explore.fabric``), priced on
         # the whole cluster's topology, once per layout.
-        t = c.topology
-        self._tree = (topology_for(scenario, self.cost) if t.kind != "single-switch"
-                      and (t.oversubscription > 1 or t.pod_oversubscription > 1) else None)
-        self._shares: dict[tuple[int, int, int], dict[str, float]] = {}
+        self._tree = topology_for(scenario, self.cost) if tree_oversubscribed(scenario) else None
+        self._shares: dict[tuple[int, int, int, str], dict[str, float]] = {}
 
     def fabric_shares(self, lay: Layout) -> dict[str, float]:
         """Per kind of traffic ("dp", "pp", "emb"), how many times slower the layout's groups cross an
         oversubscribed tree when all of them communicate at once (1.0 without oversubscription)."""
-        key = (lay.dp, lay.tp, lay.pp)
+        key = (lay.dp, lay.tp, lay.pp, lay.order)
         got = self._shares.get(key)
         if got is None:
             kinds = ("dp", "pp", "emb")  # tensor parallelism stays inside a node (the planner's rule)
@@ -394,7 +396,7 @@ class Estimator:
         ks, eb, gb = self.kernels, self.ebytes, self.gbytes
         fsdp = fsdp_flat(ks, c.zero, dp)
         lt = self._times(t, b, sp, c.checkpointing, c.schedule if c.schedule in SPLIT_BACKWARD else "1f1b", fsdp)
-        lay = Layout(dp=dp, tp=t, pp=p, order=self.parallel.order)
+        lay = Layout(dp=dp, tp=t, pp=p, order=c.order)
         sh = self.fabric_shares(lay)  # all 1.0 unless the tree is oversubscribed
         m = self.global_batch // (dp * b)
         tp_layer = lt.tp_fwd + lt.tp_bwd + lt.tp_recompute

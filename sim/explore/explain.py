@@ -168,7 +168,7 @@ def _data(result: PlanResult, win: Screened, m: int) -> str:
 def _fabric_note(est, c, kind: str) -> str:
     """Where the screen found the layout's groups of ``kind`` sharing an oversubscribed tree's uplinks
     (``sim.explore.fabric``), what that costs them; else ""."""
-    lay = Layout(dp=c.data, tp=c.tensor, pp=c.pipeline, order=est.parallel.order)
+    lay = Layout(dp=c.data, tp=c.tensor, pp=c.pipeline, order=c.order)
     share = est.fabric_shares(lay)[kind]
     if share <= 1.0 + 1e-9:
         return ""
@@ -177,6 +177,23 @@ def _fabric_note(est, c, kind: str) -> str:
                 f"oversubscribed tree at once, cluster.topology")
     return (f"; its sends cross the oversubscribed tree at 1/{share:.3g} of the NICs' speed, every stage "
             f"boundary at once (cluster.topology)")
+
+
+ORDER_WHAT = {
+    "tp-dp-pp": "Megatron's default: a pipeline stage's GPUs together, so the data-parallel rings stay near and "
+                "the pipeline sends cross the tree",
+    "tp-pp-dp": "Meta's [TP, CP, PP, DP] (Megatron-Core's --use-tp-pp-dp-mapping): a replica's stages together, "
+                "so the pipeline sends stay near and the data-parallel rings cross the tree",
+}
+
+
+def _order(result: PlanResult, win: Screened) -> str | None:
+    """The rank order, where the search tried both (an oversubscribed tree, a pipeline and replicas)."""
+    c = win.candidate
+    other = best_other(result, win, "order", keep=("data", "tensor", "pipeline"))
+    if other is None:
+        return None
+    return f"rank order {c.order}: {ORDER_WHAT[c.order]}" + slower(win, other, "order", "rank order")
 
 
 def _schedule(result: PlanResult, win: Screened, m: int) -> str | None:
@@ -260,6 +277,9 @@ def explain(result: PlanResult) -> list[str]:
     schedule = _schedule(result, win, m)
     if schedule:
         lines.append(schedule)
+    order = _order(result, win)
+    if order:
+        lines.append(order)
     lines.append(memory_choice(est, c, "checkpointing", CHECKPOINTING, CHECKPOINT_WHAT, "checkpointing"))
     if c.data > 1:
         lines.append(memory_choice(est, c, "zero", (0, 1, 2, 3), ZERO_WHAT, "ZeRO"))

@@ -31,8 +31,18 @@ from collections.abc import Iterable, Sequence
 
 from sim.hardware.topology import Topology
 from sim.parallel.layout import Layout
+from sim.scenario.schema import Scenario
 
 KINDS = ("dp", "pp", "tp", "emb")
+
+
+def tree_oversubscribed(scenario: Scenario) -> bool:
+    """Whether the scenario's cluster is a tree with more than one leaf whose leaf or pod uplinks carry less
+    than the NICs below them (then where a layout's groups sit decides what they share: ``fabric_share``)."""
+    c = scenario.cluster
+    t = c.topology
+    return (t.kind != "single-switch" and c.nodes > t.nodes_per_leaf
+            and (t.oversubscription > 1 or t.pod_oversubscription > 1))
 
 
 def layout_groups(lay: Layout, kind: str) -> list[list[int]]:

@@ -85,15 +85,15 @@ def _candidate_data(base_data: dict, overrides: list[str], s: Screened, per_node
 
 
 def _twin(a: Screened, b: Screened) -> bool:
-    """Candidates differing only in ZeRO stage or in keeping vs recomputing the attention core (checkpointing
-    none / selective), with estimates within 0.5%: simulating both teaches little (a 175B simulation costs
+    """Candidates differing only in ZeRO stage, rank order or in keeping vs recomputing the attention core
+    (checkpointing none / selective), with estimates within 0.5%: simulating both teaches little (a 175B simulation costs
     minutes on two cores), so the simulated slots go to different layouts. A selective candidate ``a`` is also
     the twin of the same candidate ``b`` without recomputation once ``b`` is chosen (it fits): it does the
     same work plus the recomputed attention core, so it cannot be faster whatever the estimates say (the
     other way round the one without recomputation may well be faster, and is simulated)."""
     def core(s: Screened):
         ck = "none" if s.candidate.checkpointing == "selective" else s.candidate.checkpointing
-        return replace(s.candidate, zero=0, checkpointing=ck)
+        return replace(s.candidate, zero=0, checkpointing=ck, order="tp-dp-pp")
 
     if a.gpus != b.gpus or core(a) != core(b):
         return False

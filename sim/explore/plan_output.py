@@ -81,7 +81,7 @@ def stats_text(result: PlanResult, workers: int | None) -> str:
         f"  {st['screened']:,} screened by closed forms in {st['screen_s']:.2f} s",
         f"  exact memory (sim.build) checked for {st['exact_checks']:,} in estimate order in "
         f"{st['verify_s']:.2f} s: "
-        f"{st['exact_no_fit']:,} do not fit, {st['invalid']} invalid, {st['twins']} ZeRO/checkpointing twins skipped",
+        f"{st['exact_no_fit']:,} do not fit, {st['invalid']} invalid, {st['twins']} ZeRO/checkpointing/rank-order twins skipped",
         f"  simulated {_simulated_text(result)} in {st['simulate_s']:.1f} s with "
         f"{workers or default_workers()} workers ({_sim_walls(result)})",
     ]

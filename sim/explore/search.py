@@ -8,7 +8,8 @@ dividing the GPUs left, p ≤ layers; data d = GPUs / (t·p) dividing the global
 d·b dividing the global batch; schedule 1F1B, GPipe or interleaved 1F1B with v chunks (p·v ≤ layers and
 the micro-batch count a multiple of p, or, where the stack has Megatron-Core's micro-batch groups, at least
 p and run in the smallest group it allows); ZeRO 0–3; checkpointing none, selective or full; sequence
-parallelism on or off when t > 1; of those, only what the scenario's software stack could run
+parallelism on or off when t > 1; on an oversubscribed tree, both rank orders (``parallel.order``) when
+p > 1 and d > 1; of those, only what the scenario's software stack could run
 (``training.kernels``: ``KernelSet.missing``, e.g. no sequence parallelism in Megatron-LM of 2021).
 """
 
@@ -19,7 +20,8 @@ from typing import Any
 
 from sim.errors import ScenarioError
 from sim.explore.estimate import Candidate, Estimate, Estimator, transformer_of
-from sim.parallel.layout import stage_layers_for
+from sim.explore.fabric import tree_oversubscribed
+from sim.parallel.layout import RANK_ORDERS, stage_layers_for
 from sim.scenario.schema import Scenario
 from sim.schedules.actions import interleaved_group_problem
 from sim.workload.kernels import KERNEL_SETS, KernelSet
@@ -94,6 +96,10 @@ def enumerate_candidates(
     per_node, layers, batch = scenario.cluster.gpus_per_node, m.layers, tr.global_batch
     ks = KERNEL_SETS[tr.kernels]  # only what the scenario's software stack could run (KernelSet.missing)
     given_layers = scenario.parallel.stage_layers if scenario.parallel is not None else None
+    given_order = scenario.parallel.order if scenario.parallel is not None else RANK_ORDERS[0]
+    # The rank order moves traffic between the tree's tiers; on a non-blocking tree it changes nothing the
+    # screen could see, so only the scenario's is tried there.
+    orders = RANK_ORDERS if tree_oversubscribed(scenario) else (given_order,)
     pruned: dict[str, int] = {}
     out: list[Candidate] = []
 
@@ -127,12 +133,14 @@ def enumerate_candidates(
                                 if sp and (m.seq_len * b) % t:
                                     drop("seq_len × micro-batch not divisible by tensor (SP)")
                                     continue
-                                cand = Candidate(d, t, p, b, sched, v, zero, ck, sp, group)
-                                gap = stack_gap(ks, cand, layers, tr.precision, stage_layers_for(given_layers, p, v))
-                                if gap:
-                                    drop(gap)
-                                    continue
-                                out.append(cand)
+                                for order in orders if p > 1 and d > 1 else (given_order,):
+                                    cand = Candidate(d, t, p, b, sched, v, zero, ck, sp, group, order)
+                                    gap = stack_gap(ks, cand, layers, tr.precision,
+                                                    stage_layers_for(given_layers, p, v))
+                                    if gap:
+                                        drop(gap)
+                                        continue
+                                    out.append(cand)
     return out, pruned
 
 
@@ -143,7 +151,7 @@ def stack_gap(ks: KernelSet, c: Candidate, layers: int, precision: str,
     same run as ZeRO 1). The search leaves such candidates out; the winner's explanation names them."""
     if ks.missing(tensor=c.tensor, pipeline=c.pipeline, schedule=c.schedule, zero=c.zero,
                   checkpointing=c.checkpointing, sequence_parallel=c.sequence_parallel, layers=layers,
-                  virtual_stages=c.virtual_stages, stage_layers=stage_layers):
+                  virtual_stages=c.virtual_stages, stage_layers=stage_layers, order=c.order):
         return f"not in training.kernels {ks.name}"
     if c.zero == 0 and c.data > 1 and ks.bf16_optimizer_shards and precision == "bf16":
         return "ZeRO 0 runs as ZeRO 1 (DeepSpeed's BF16_Optimizer)"
@@ -190,6 +198,7 @@ def candidate_of(scenario: Scenario) -> Candidate | None:
         tr.checkpointing.kind,
         par.sequence_parallel and par.tensor > 1,
         par.microbatch_group_size if par.schedule == "interleaved-1f1b" and par.virtual_stages > 1 else None,
+        par.order,
     )
 
 

@@ -191,7 +191,7 @@ def stack_notes(scenario: Scenario) -> list[str]:
     layout = dict(tensor=par.tensor, pipeline=par.pipeline, schedule=par.schedule, zero=par.zero,
                   checkpointing=tr.checkpointing.kind, sequence_parallel=par.sequence_parallel,
                   layers=scenario.model.num_layers, virtual_stages=par.virtual_stages, stage_layers=par.stage_layers,
-                  microbatch_group_size=par.microbatch_group_size)
+                  microbatch_group_size=par.microbatch_group_size, order=par.order)
     gaps = ks.missing(**layout)
     able = [k.name for k in KERNEL_SETS.values() if not k.missing(**layout)]
     notes = [f"{field}: {value} — training.kernels {ks.name} could not run it ({ks.features_source}); simulated "

@@ -200,6 +200,12 @@ class KernelSet:
     # sim.schedules.actions.interleaved_1f1b), which the transformer-engine set follows.
     interleaved_all_warmup: bool = False
     model_parallel: bool = True
+    # The rank orders it could build its groups in (parallel.order): Megatron-LM 2021-22 (megatron/mpu/
+    # initialize.py: tensor groups of consecutive ranks, data groups strided by the tensor size inside each
+    # pipeline block) and DeepSpeed (PipeModelDataParallelTopology: axes pipe, data, model) only "tp-dp-pp";
+    # Megatron-Core also the replica-contiguous "tp-pp-dp" (--use-tp-pp-dp-mapping: initialize_model_parallel's
+    # order "tp-cp-ep-pp-dp" instead of "tp-cp-ep-dp-pp").
+    rank_orders: tuple[str, ...] = ("tp-dp-pp",)
     features_source: str = ""
     # bf16 training shards the fp32 master weights and the optimizer state over the data-parallel ranks
     # whatever ZeRO stage is configured (DeepSpeed's BF16_Optimizer: sim.scenario.schema resolves zero 0 to 1)
@@ -219,12 +225,14 @@ class KernelSet:
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
                 sequence_parallel: bool, layers: int = 0, virtual_stages: int = 1,
                 stage_layers: Sequence[int] | None = None,
-                microbatch_group_size: int | None = None) -> list[tuple[str, str]]:
+                microbatch_group_size: int | None = None, order: str = "tp-dp-pp") -> list[tuple[str, str]]:
         """The parts of a layout this code base had no way to run, as (scenario field, value) pairs; empty
         when it could run all of it. dtsim simulates such a layout with the method it knows (a what-if);
         the planner leaves it out of its search. ``layers`` (0: not checked), ``virtual_stages`` and
         ``stage_layers`` describe how the model's layers are cut into stages."""
         gaps = []
+        if order not in self.rank_orders and pipeline > 1:  # without a pipeline both orders are one
+            gaps.append(("parallel.order", order))
         if not self.model_parallel and tensor > 1:
             gaps.append(("parallel.tensor", str(tensor)))
         if not self.model_parallel and pipeline > 1:
@@ -318,7 +326,8 @@ KERNEL_SETS: dict[str, KernelSet] = {
                             "on 2022-05-20 (9aad920) and --use-distributed-optimizer on 2022-06-08 (d07d29d); "
                             "v2.5 asserts num_layers divisible by the pipeline (and each stage's layers by "
                             "its chunks) and a pipeline deeper than 2 for the interleaved schedule, whose "
-                            "chunks it walks in groups of exactly the pipeline's micro-batches",
+                            "chunks it walks in groups of exactly the pipeline's micro-batches; mpu/initialize.py "
+                            "builds its groups in one rank order (tensor, then data, then pipeline)",
             description="Megatron-LM v2 (SC'21): bmm attention + fused softmax, apex LayerNorm/Adam, "
                         "fp32 grad accumulation pass, DP all-reduce after the backward pass",
         ),
@@ -333,7 +342,8 @@ KERNEL_SETS: dict[str, KernelSet] = {
                             "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3; it asserts "
                             "num_layers divisible by the pipeline (and each stage's layers by its chunks) and a "
                             "pipeline deeper than 2 for the interleaved schedule (189e72a, July 2022), whose "
-                            "chunks it walks in groups of exactly the pipeline's micro-batches",
+                            "chunks it walks in groups of exactly the pipeline's micro-batches; mpu/initialize.py "
+                            "builds its groups in one rank order (tensor, then data, then pipeline)",
             description="Megatron-LM v3 (2022): as 2021 plus sequence parallelism, selective recompute, "
                         "gradient-accumulation fusion and apex's persistent LayerNorm",
         ),
@@ -347,7 +357,8 @@ KERNEL_SETS: dict[str, KernelSet] = {
             features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
                             "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "
                             "engine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' and "
-                            "runs its TrainSchedule only (deepspeed/runtime/pipe, v0.5-0.8): no interleaving",
+                            "runs its TrainSchedule only (deepspeed/runtime/pipe, v0.5-0.8): no interleaving; its "
+                            "PipeModelDataParallelTopology orders ranks model, then data, then pipe",
             fused_softmax_max_seq=4096, fused_cross_entropy=False,
             description="Megatron-DeepSpeed (2022): Megatron 2021 kernels under DeepSpeed's engine",
         ),
@@ -357,6 +368,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             blocking_p2p=True, overlap_p2p_interleaved=True, scatter_gather_p2p=False, tp_backward_overlap=True,
             norm_kernel="persistent",
             te_attention=True, fp8_weight_cache=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
+            rank_orders=("tp-dp-pp", "tp-pp-dp"),
             description="Megatron-Core + Transformer Engine (2024): fused attention and kernels, "
                         "overlapped gradient reduction",
         ),

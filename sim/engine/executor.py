@@ -791,19 +791,24 @@ class TrainingExecutor:
         # ZeRO-1: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-2/3's
         # per-micro-batch, per-layer reduce-scatters interleave with the backward's TP collectives in ways
         # the peers' groups still matter for: kept.)
-        return rings if job.zero == 1 else rings - {"dp"}
+        return rings & {"tp", "dp"} if job.zero == 1 else rings & {"tp"}
 
     def _ring_route_kinds(self) -> set[str]:
-        """"tp"/"dp" when every collective of that kind that moves data runs as a ring, so that its traffic
-        is that of ring neighbours only (``Symmetry.ring_routes``): TP's as the tuner chooses them for their
-        real sizes (latency-bound ones left out), DP's when its ops exist only as rings (reduce-scatter and
-        all-gather: ZeRO 1–3 without a whole-gradient all-reduce or compression). The 4-byte gradient-norm
-        and loss-scale all-reduces move too little to load a link: left out."""
+        """"tp"/"dp"/"cp" when every collective of that kind that moves data runs as a ring, so that its
+        traffic is that of ring neighbours only (``Symmetry.ring_routes``): TP's as the tuner chooses them for
+        their real sizes (latency-bound ones left out), DP's when its ops exist only as rings (reduce-scatter
+        and all-gather: ZeRO 1–3 without a whole-gradient all-reduce or compression), CP's when it gathers
+        and scatters K/V (Meta's all-gather context parallelism) or passes it around the ring (ring
+        attention: each rank to the next), not all-to-all. The 4-byte gradient-norm and loss-scale
+        all-reduces move too little to load a link: left out."""
         job = self.job
         group = self.layout.tp_group(self.gpus[0])
-        tp = {(b.comm_op_kind[0], b.comm_bytes) for c in job.chunks for lw in c.layers
-              for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight)
-              if b.comm and b.comm_bytes > 0 and b.comm_op_kind[1] == "tp"}
+        layer_blocks = [b for c in job.chunks for lw in c.layers
+                        for b in (*lw.forward, *lw.recompute, *lw.backward, *lw.weight) if b.comm]
+        tp = {(b.comm_op_kind[0], b.comm_bytes) for b in layer_blocks
+              if b.comm_bytes > 0 and b.comm_op_kind[1] == "tp"}
+        cp_rings = all(b.comm == "ring@cp" or COLLECTIVE_ALGORITHMS.get(b.comm_op_kind[0]) == ("ring",)
+                       for b in layer_blocks if b.comm_op_kind[1] == "cp")
         choices = [choose(op, "tp", size, self.world.topology, group, self.comm, self._choices) for op, size in tp]
         # A latency-bound collective (NCCL's LL protocol: a few kB, the cross-entropy's per-token sums)
         # moves too little for its ranks to finish apart or to load the links its peers use: it does not
@@ -812,7 +817,7 @@ class TrainingExecutor:
         dp_ops = {"reduce_scatter" if job.zero == 3 else self._grad_op(), "all_gather"}
         dp_rings = job.zero >= 1 and job.compression_ratio is None and all(
             COLLECTIVE_ALGORITHMS[op] == ("ring",) for op in dp_ops)
-        return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings)) if rings}
+        return {kind for kind, rings in (("tp", tp_rings), ("dp", dp_rings), ("cp", cp_rings)) if rings}
 
     def _stages_share_nodes(self) -> bool:
         """Whether a node holds GPUs of several pipeline stages (``parallel.order: tp-pp-dp`` with tensor

@@ -139,7 +139,9 @@ class Symmetry:
         cap: list[float] = topo.capacity_Bps.tolist()
         by_src: dict[int, dict[int, float]] = {}  # fabric link -> first link of a route -> summed top speeds
         by_dst: dict[int, dict[int, float]] = {}  # fabric link -> last link of a route -> summed top speeds
-        kinds = (*KINDS, "emb", "mp") if self.pp > 1 else KINDS
+        # The model-parallel group ("mp") carries only 4-byte all-reduces (gradient norm, found-inf): latency,
+        # no load on any link, so its tree edges are not counted.
+        kinds = (*KINDS, "emb") if self.pp > 1 else KINDS
         for route in self._routes(range(self.layout.world_size), kinds):
             hit = fabric.intersection(route)
             if hit:

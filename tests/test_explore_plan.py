@@ -103,6 +103,18 @@ def test_closed_form_screen_agrees_with_the_simulation(tmp_path, c):
     assert e.states_bytes <= summary["memory_bytes"]["peak"]
 
 
+@pytest.mark.parametrize("v", [4, 5])
+def test_screen_paces_the_interleaved_fill_by_the_longest_chunk(v):
+    """24 layers in 4 stages × v chunks: 16 or 20 chunks of 1 or 2 layers. Each fill and drain step of the
+    interleaved schedule lasts as long as the chunk it moves, so the stage totals alone put the step 1.3 %
+    (v = 4) and 2.6 % (v = 5) below the simulation; pacing by the longest chunk, +0.5 % and +0.2 %."""
+    sets = ["training.global_batch=32"]
+    c = Candidate(4, 1, 4, 1, "interleaved-1f1b", v)
+    est = Estimator(load_scenario("scenarios/gpt3-1.3b-16xa100.yaml", sets)).estimate(c).step_time_s
+    sim = simulate(load_scenario("scenarios/gpt3-1.3b-16xa100.yaml", sets + c.overrides())).summary.step_time_s
+    assert est == pytest.approx(sim, rel=0.01)
+
+
 def test_screen_agrees_with_the_simulation_in_micro_batch_groups(tmp_path):
     """10 micro-batches on 4 stages, interleaved in groups of 5 (a group the planner now proposes under
     Megatron-Core): the screen, the exact memory and the candidate's scenario follow the simulation."""
@@ -365,8 +377,9 @@ def test_explanation_names_settings_the_stack_could_not_run(tmp_path):
 
 
 def test_plan_simulates_on_while_the_screen_cannot_order_the_candidates():
-    """Past --top the planner keeps simulating candidates estimated within the screen's error (1.5 %) of the
-    best, up to twice --top: the screen errs by about as much as the main job's leading layouts lie apart."""
+    """Past --top the planner simulates the candidates whose estimate lies within the screen's error (1.5 %) of
+    the best simulated score, up to --top more: the screen errs by about as much as the main job's leading
+    layouts lie apart, and an estimate further behind cannot win (branch and bound)."""
     from sim.explore.estimate import Estimate
     from sim.explore.plan import SCREEN_ERROR, choose
     from sim.explore.search import Screened
@@ -379,10 +392,15 @@ def test_plan_simulates_on_while_the_screen_cannot_order_the_candidates():
     ranked = [s(b, t) for b, t in enumerate(steps, start=1)]
     assert SCREEN_ERROR == 0.015
 
-    def picked(top: int) -> list[float]:
-        chosen, _ = choose(ranked, {8: None}, top, lambda _: {})
-        return [c.estimate.step_time_s for c, _ in chosen]
+    def picked(top: int, best_simulated_step: float) -> tuple[list[float], list[float]]:
+        seen: set[int] = set()
+        first, counts = choose(ranked, {8: None}, top, lambda _: {}, seen=seen)
+        more, _ = choose(ranked, {8: None}, top, lambda _: {}, beat=-1 / best_simulated_step, taken=first,
+                         counts=counts, seen=seen)
+        return [c.estimate.step_time_s for c, _ in first], [c.estimate.step_time_s for c, _ in more]
 
-    assert picked(2) == steps[:4]  # two, then two more within 1.5 %
-    assert picked(1) == steps[:2]  # at most twice --top
-    assert picked(5) == steps[:5]  # --top itself is always simulated
+    assert picked(2, 1.000) == (steps[:2], steps[2:4])  # two, then the two within 1.5 % of the best simulated
+    assert picked(1, 1.000) == (steps[:1], steps[1:2])  # at most --top more
+    assert picked(5, 1.000) == (steps[:5], [])  # --top itself is always simulated
+    assert picked(3, 1.020) == (steps[:3], steps[3:6])  # the simulation slower than estimated: a wider reach
+    assert picked(3, 0.950) == (steps[:3], [])  # faster than every estimate: nothing else can win

@@ -446,7 +446,7 @@ class Estimator:
             # The interleaved schedule takes each stage's chunks in a fixed round, so each of the p − 1 fill
             # and drain steps lasts as long as the chunk it moves: the longest one where the layers split
             # unevenly (Llama 3 405B's 126 layers in 96 chunks of 1 or 2: the stage totals alone put the
-            # bubble at 13.5 %, the simulation at 23.4 %; est. −9.4 % → −3.6 %, tests/test_explore_plan.py).
+            # bubble at 13.5 %, the simulation at 23.4 %; est. −9.4 % → −3.5 %; tests/test_explore_plan.py).
             fill = max(fill, (p - 1) * v * max(self._chunk_layers(c)) * per_layer)
         pipe = (m * period + (fill + (p - 1) * (2 * p2p_hop + gathers * gather)) / v) if p > 1 else m * t_max
         bubble = (p - 1) / (v * m + p - 1) if p > 1 else 0.0

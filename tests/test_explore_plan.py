@@ -404,3 +404,14 @@ def test_plan_simulates_on_while_the_screen_cannot_order_the_candidates():
     assert picked(5, 1.000) == (steps[:5], [])  # --top itself is always simulated
     assert picked(3, 1.020) == (steps[:3], steps[3:6])  # the simulation slower than estimated: a wider reach
     assert picked(3, 0.950) == (steps[:3], [])  # faster than every estimate: nothing else can win
+
+
+def test_plan_text_says_why_a_simulated_row_has_no_figures(tmp_path):
+    """A candidate over the event budget (or refused by a rule) is listed with its reason under the table."""
+    from sim.explore.plan_output import plan_text
+
+    result = plan(str(write(tmp_path, HAND_1P3B)), top=1, progress=False)
+    row = result.rows[-1]
+    row.update(status="invalid", reason="this scenario needs about 4e+07 simulation events")
+    assert f"  rank {row['rank']} invalid: this scenario needs about 4e+07 simulation events" in plan_text(result)
+    assert "rank 1 ok" not in plan_text(result)

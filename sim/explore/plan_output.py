@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from sim.explore.runner import NO_FIT, default_workers
+from sim.explore.runner import NO_FIT, OK, default_workers
 from sim.explore.search import PlanResult, Screened
 from sim.explore.table import csv_text, text_table
 from sim.outputs.writers import atomic_write_text
@@ -97,6 +97,9 @@ def plan_text(result: PlanResult, workers: int | None = None) -> str:
         f"{sc.gpu.name}, global batch {sc.training.global_batch if sc.training else '?'}, "
         f"objective {result.objective}",
         plan_table(result),
+        # why a simulated row has no figures (over the event budget, refused by a rule, failed)
+        *(f"  rank {r['rank']} {r['status']}: {r['reason']}" for r in result.rows
+          if r["status"] not in (OK, NO_FIT) and r.get("reason")),
         stats_text(result, workers),
     ]
     if result.winner is not None:

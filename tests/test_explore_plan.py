@@ -272,6 +272,7 @@ def test_plan_cli_writes_table_csv_best_yaml_and_report(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert rows[0]["rank"] == "1" and rows[0]["simulated"] == "True"
     assert any(r["status"] == "screened" for r in rows)
+    assert {r["order"] for r in rows} == {"tp-dp-pp"}  # the scenario's rank order, on every row
     best = load_scenario(out / "best.yaml")  # loads back: a runnable scenario
     assert best.total_gpus == 8 and best.training.global_batch == 32
     assert (out / "plan.txt").exists() and (out / "report.html").exists()

@@ -182,6 +182,7 @@ def _row(
         "scenario": data,
         "_screened": s,
         **setting_row(data),
+        "order": (data.get("parallel") or {}).get("order"),
     }
     if "summary" in res:
         row.update(summary_row(res["summary"]))

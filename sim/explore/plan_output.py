@@ -125,6 +125,7 @@ PLAN_COLUMNS = [
     "micro_batch",
     "checkpointing",
     "sequence_parallel",
+    "order",
     "est_step_time_s",
     "est_bubble_fraction",
     "est_tp_comm_s",

@@ -124,8 +124,10 @@ class TrainingExecutor:
         self.comm = world.comm or CommConfig()
         self._choices: dict = {}
         self._plans: dict[tuple, _Plan] = {}  # (g, kind, op, bytes) -> _plan(...)
-        sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric, ring_only=self._ring_only_kinds(),
-                       apart=self._apart_kinds(), ring_routes=self._ring_route_kinds() if symmetric else set())
+        rings = self._ring_route_kinds()  # computed once: both shortcuts below start from it
+        sym = Symmetry(topo, self.layout, job.pp, self.comm, self.gpus, symmetric,
+                       ring_only=self._ring_only_kinds(rings), apart=self._apart_kinds(),
+                       ring_routes=rings if symmetric else set())
         self._group = sym.group
         self._cross_stage_mirrors = sym.cross_stage_mirrors
         self._mirror_groups = sym.mirror_groups
@@ -780,17 +782,16 @@ class TrainingExecutor:
         if last is not None and not last.processed:
             yield last
 
-    def _ring_only_kinds(self) -> set[str]:
+    def _ring_only_kinds(self, rings: set[str]) -> set[str]:
         """"tp"/"dp" when every collective of that kind runs as a ring: TP's as the tuner chooses them for
         their real sizes; DP's when they exist only as rings (reduce-scatter, all-gather: ZeRO-1). The 4-byte
         gradient-norm all-reduce runs after the last backward, when no replica has TP traffic: left out."""
         job = self.job
         if self._stages_share_nodes():
             return set()
-        rings = self._ring_route_kinds()
-        # ZeRO-1: gradients reduce-scattered and parameters all-gathered, both rings only. (ZeRO-2/3's
-        # per-micro-batch, per-layer reduce-scatters interleave with the backward's TP collectives in ways
-        # the peers' groups still matter for: kept.)
+        # ``rings``: ``_ring_route_kinds``. ZeRO-1: gradients reduce-scattered and parameters all-gathered, both
+        # rings only. (ZeRO-2/3's per-micro-batch, per-layer reduce-scatters interleave with the backward's TP
+        # collectives in ways the peers' groups still matter for: kept.)
         return rings & {"tp", "dp"} if job.zero == 1 else rings & {"tp"}
 
     def _ring_route_kinds(self) -> set[str]:

@@ -362,6 +362,38 @@ def test_fast_csv_writer_matches_csv_module() -> None:
     assert timeline_csv(timeline) == buf.getvalue()
 
 
+def test_writers_format_repeated_durations_and_shared_args_once_with_the_same_text() -> None:
+    """Past 1,024 spans a chunk's durations are formatted once per distinct value and a shared args dict
+    encoded once (the spans of a schedule action share one): the files read as the span-by-span
+    encodings do, a zero duration included, and an args dict shared by many spans with the content of its
+    own (a later span's equal-but-distinct dict) stays right."""
+    import csv
+    import io
+    import json
+
+    from sim.outputs.writers import chrome_trace, timeline_csv
+
+    t = Timeline()
+    t.gpus = [0, 1]
+    clock = 0.0
+    for i in range(1500):
+        shared = {"microbatch": i % 7, "stage": 0}
+        for g in t.gpus:
+            dur = (0.0, 1e-3, 2.5e-3, 1 / 3)[i % 4]
+            t.add(Span(g, tl.STREAM_COMPUTE, f"k{i % 5}", tl.FORWARD, clock, dur, shared))
+            t.add(Span(g, tl.STREAM_COMM, "ar", tl.COMM_TP, clock, dur / 3, {"microbatch": i % 7, "bytes": 8}))
+        clock += 0.004 + i * 1e-9
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
+    for s in sorted(t.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
+        w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
+                    s.args.get("microbatch", ""), s.args.get("bytes", "")])
+    assert timeline_csv(t) == buf.getvalue()
+    events = [e for e in json.loads(chrome_trace(t))["traceEvents"] if e["ph"] == "X"]
+    assert [(e["dur"], e["args"]) for e in events] == [(float(f"{s.dur_s * 1e6:.3f}"), s.args) for s in t.spans]
+
+
 def test_compare_chart_draws_float_dust_as_zero_on_a_unit_axis() -> None:
     from sim.outputs.compare_chart import compare_figure
 

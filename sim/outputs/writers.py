@@ -111,6 +111,18 @@ def _reprs(values: list) -> list[str]:
     return text[1:-1].split(", ") if len(values) else []
 
 
+def _reprs_column(values: np.ndarray) -> list[str]:
+    """``_reprs`` of a numeric column, each distinct value formatted once when most repeat (durations:
+    every micro-batch runs the same kernels, so 10⁵ spans hold a few thousand distinct lengths; the
+    shortest round-trip repr is the costly part of timeline.csv)."""
+    if len(values) < 1024 or not np.isfinite(values).all() or np.signbit(values).any():
+        return _reprs(values.tolist())  # -0.0 and 0.0 would share one text; nan never equals itself
+    uniq, inverse = np.unique(values, return_inverse=True)
+    if 2 * len(uniq) > len(values):
+        return _reprs(values.tolist())
+    return np.array(_reprs(uniq.tolist()), dtype=object)[inverse.reshape(-1)].tolist()
+
+
 TRACE_TIME_DECIMALS = 3  # trace.json times in µs to the nanosecond (Perfetto shows ns at most)
 
 
@@ -123,6 +135,11 @@ def _micros(seconds: np.ndarray) -> list[str]:
         return []
     if not np.isfinite(micros).all():
         return [f"{v:.{TRACE_TIME_DECIMALS}f}" if math.isfinite(v) else json.dumps(v) for v in micros.tolist()]
+    if len(micros) >= 1024 and not np.signbit(micros).any():  # durations: few distinct values, each formatted once (``_reprs_column``)
+        uniq, inverse = np.unique(micros, return_inverse=True)
+        if 2 * len(uniq) <= len(micros):
+            texts = (f"%.{TRACE_TIME_DECIMALS}f," * len(uniq) % tuple(uniq.tolist())).split(",")[:-1]
+            return np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
     return (f"%.{TRACE_TIME_DECIMALS}f," * len(micros) % tuple(micros.tolist())).split(",")[:-1]
 
 
@@ -156,7 +173,7 @@ def write_timeline_csv(timeline: Timeline, fh: IO[str]) -> None:
             _csv_column([s.name for s in part]),
             _coded(table.category[rows], table.categories),
             _reprs(starts.tolist()),
-            _reprs(durs.tolist()),
+            _reprs_column(durs),
             _reprs((starts + durs).tolist()),
             ["" if v is None else str(v) for v in mbs],
             ["" if v is None else str(v) for v in nbytes],
@@ -260,8 +277,14 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
             out.clear()
 
     args_json: dict[tuple, str] = {}
+    # The spans of one schedule action share one args dict: looked up by identity first (the spans, alive
+    # throughout, keep every id taken here unique), by content on a miss.
+    args_by_id: dict[int, str] = {}
 
     def args_text(args: dict) -> str:
+        hit = args_by_id.get(id(args))
+        if hit is not None:
+            return hit
         try:
             key = tuple(args.items())
             hit = args_json.get(key)
@@ -269,6 +292,7 @@ def write_chrome_trace(timeline: Timeline, fh: IO[str], meta: dict | None = None
             return enc(args)
         if hit is None:
             hit = args_json[key] = enc(args)
+        args_by_id[id(args)] = hit
         return hit
 
     threads, thread_of = _threads(table)

@@ -234,6 +234,15 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     bwd = sw.blocks(cost, lo.backward_input, host_s=host)
     fsdp = sw.fsdp_flat(ks, par.zero, par.data * par.cp)
     wgt = sw.weight_blocks(cost, lo.backward_weight, tf.layer_params(d) / t, ks, gbytes, ebytes, fsdp)
+    # Partitioned checkpoints (training.checkpointing.partition_activations): each TP rank keeps 1/t of a
+    # segment's input and all-gathers it before the recompute; with sequence parallelism the input is split
+    # already.
+    partitioned = ck.kind == "full" and ck.partition_activations and t > 1 and not sp
+    part_fwd: tuple[Block, ...] = ()
+    part_rec: tuple[Block, ...] = ()
+    if partitioned:
+        part_fwd, part_rec = sw.partitioned_checkpoint_blocks(cost, b * seq * m.hidden * ebytes, t, act_dtype, ks,
+                                                              host)
     if ck.kind == "full":
         recompute = fwd
     elif ck.kind == "selective":
@@ -257,6 +266,8 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
     stored = "selective" if flash and ck.kind == "none" else ck.kind
     full_layer_act = layer_act(checkpointing="selective" if flash else "none")
     ckpt_act = layer_act(checkpointing=stored)
+    if partitioned:
+        ckpt_act /= t
     layer_params = tf.layer_params(d) / t
     expert_local = 0.0  # MoE: this GPU's experts' parameters per layer (synced over the expert-DP group)
     if moe is not None:
@@ -310,8 +321,11 @@ def _transformer(scenario: Scenario, cost: CostModel) -> tuple[TrainingJob, JobI
                                    grad_bytes=emb_params * gbytes, param_bytes=emb_params * ebytes,
                                    activation_bytes=b * seq * m.hidden * ebytes / (t if sp else 1),
                                    **fsdp_kernels(emb_params)))
-        for i in ids:
-            works.append(LayerWork(f"L{i}", fwd, bwd, wgt, recompute, **layer, step_forward=step_casts,
+        for n, i in enumerate(ids):
+            # a checkpointed segment of `every` layers starts here: its input is partitioned and re-gathered
+            first = partitioned and n % ck.every == 0
+            works.append(LayerWork(f"L{i}", part_fwd + fwd if first else fwd, bwd, wgt,
+                                   part_rec + recompute if first else recompute, **layer, step_forward=step_casts,
                                    **fsdp_kernels(layer_params)))
         if vs == vsn - 1:
             logits, (kept, extra) = b * seq * math.ceil(m.vocab / t), loss_bytes

@@ -185,8 +185,8 @@ def _schedules(p: int, mbs: int, layers: int, allowed: tuple[str, ...], drop,
 def candidate_of(scenario: Scenario) -> Candidate | None:
     """The base scenario's own layout as a candidate, when the search space can express it."""
     par, tr = scenario.require_training()
-    if par.schedule not in SCHEDULES or tr.checkpointing.every != 1:
-        return None
+    if par.schedule not in SCHEDULES or tr.checkpointing.every != 1 or tr.checkpointing.partition_activations:
+        return None  # layouts the search does not express (checkpoints every layer, kept whole)
     return Candidate(
         par.data,
         par.tensor,

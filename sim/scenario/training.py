@@ -66,6 +66,13 @@ class Checkpointing(_Strict):
         ge=1,
         description="full: keep the input of one layer in `every`, recompute the block (1 = every layer)",
     )
+    partition_activations: bool = Field(
+        False,
+        description="full: each tensor-parallel rank keeps 1/t of every checkpointed input and all-gathers it "
+        "over the TP group before the recompute (Megatron-LM --distribute-checkpointed-activations of 2021, "
+        "--distribute-saved-activations from 2022, DeepSpeed's partition_activations: "
+        "Megatron-DeepSpeed --partition-activations); with sequence parallelism the input is split already",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Checkpointing:
@@ -76,14 +83,23 @@ class Checkpointing(_Strict):
                 f"`every` applies to full checkpointing, not {self.kind}",
                 "use kind: full",
             )
+        if self.partition_activations and self.kind != "full":
+            raise RuleError(
+                "partition_activations",
+                "true",
+                f"partitioned checkpoints are the inputs full checkpointing keeps, not {self.kind}",
+                "use kind: full, or drop partition_activations",
+            )
         return self
 
 
 def checkpointing_from(value: Any) -> Any:
-    """ "full" → {kind: full}; {every: k} → {kind: full, every: k}."""
+    """ "full" → {kind: full}; {every: k} → {kind: full, every: k}; {partition_activations: true} → {kind:
+    full, partition_activations: true} (both options of full checkpointing only)."""
     if isinstance(value, str):
         return {"kind": value}
-    if isinstance(value, dict) and "every" in value and "kind" not in value:
+    if isinstance(value, dict) and "kind" not in value and (
+            "every" in value or value.get("partition_activations") is True):
         return {"kind": "full", **value}
     return value
 

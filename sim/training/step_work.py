@@ -16,6 +16,7 @@ from sim.parallel.layout import deepspeed_type_partition
 from sim.schedules.actions import SPLIT_BACKWARD
 from sim.units import DTYPE_BYTES, FULL_PRECISIONS, MB, storage_dtype
 from sim.workload.kernels import (
+    CHECKPOINT_PARTITIONS,
     DDP_BUCKET_BYTES,
     KERNEL_SETS,
     KernelSet,
@@ -191,7 +192,8 @@ def stack_notes(scenario: Scenario) -> list[str]:
     layout = dict(tensor=par.tensor, pipeline=par.pipeline, schedule=par.schedule, zero=par.zero,
                   checkpointing=tr.checkpointing.kind, sequence_parallel=par.sequence_parallel,
                   layers=scenario.model.num_layers, virtual_stages=par.virtual_stages, stage_layers=par.stage_layers,
-                  microbatch_group_size=par.microbatch_group_size, order=par.order)
+                  microbatch_group_size=par.microbatch_group_size, order=par.order,
+                  partition_activations=tr.checkpointing.partition_activations)
     gaps = ks.missing(**layout)
     able = [k.name for k in KERNEL_SETS.values() if not k.missing(**layout)]
     notes = [f"{field}: {value} — training.kernels {ks.name} could not run it ({ks.features_source}); simulated "
@@ -247,6 +249,25 @@ def accumulate_block(cost: CostModel, params: float, gbytes: int, ebytes: int, k
         return (Block("grad accumulation", sum(cost.op_time_s(op) for op in ops), category=GRAD_ACCUM),)
     op = elementwise("main_grad accumulate", params * (ebytes + 2 * gbytes), "fp32", flops=params)
     return (Block("grad accumulation", cost.op_time_s(op), category=GRAD_ACCUM),)
+
+
+def partitioned_checkpoint_blocks(cost: CostModel, input_bytes: float, tp: int, dtype: str, ks: KernelSet,
+                                  host_s: float = 0.0) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
+    """(forward, recompute) blocks a checkpointed segment gains when its ``input_bytes`` input is kept split
+    over the ``tp`` TP ranks, as ``ks``'s code base does it (``KernelSet.checkpoint_partition``,
+    ``CHECKPOINT_PARTITIONS``): the forward keeps its slice (a copy of 1/t); before the recompute the whole
+    input is all-gathered over the TP group, with the code base's copies around the gather."""
+    how = CHECKPOINT_PARTITIONS[ks.checkpoint_partition or "base"]
+    part = input_bytes / tp
+    keep = op_block(cost, "partition checkpoint", [elementwise("partition checkpoint", 2 * part, dtype)], host_s)
+    before = [elementwise("checkpoint zeros", how.zeros * input_bytes, dtype)] if how.zeros else []
+    if how.own_slice:
+        before.append(elementwise("checkpoint own slice", 2 * part, dtype))
+    gather = Block("checkpoint gather", ops_time_s(cost, before, host_s), comm="all_gather", comm_bytes=input_bytes)
+    copy_out = op_block(cost, "checkpoint gather copies",
+                        [elementwise("checkpoint gather copies", how.copies_out * input_bytes, dtype)]
+                        if how.copies_out else [], host_s)
+    return keep, (gather, *copy_out)
 
 
 def fused_wgrad(op: Op, ks: KernelSet, gbytes: int, ebytes: int) -> Op:

@@ -104,6 +104,10 @@ class KernelSet:
     # sequence parallelism re-gather their input during the input-gradient GEMM (transformer.layer_ops).
     tp_backward_overlap: bool = False
     grad_accum_via_temporary: bool = False  # the accumulation casts the 16-bit gradient into an fp32 temporary first
+    # How full checkpointing keeps each checkpointed input split over the TP ranks when asked
+    # (training.checkpointing.partition_activations): "list", "base" or "deepspeed", a key of
+    # CHECKPOINT_PARTITIONS; None where the code base could not
+    checkpoint_partition: str | None = None
     # The norm kernels' family (Op.family): "framework" (apex's affine LayerNorm kernels, which Megatron
     # copied as fused_mix_prec_layer_norm_cuda; torch.nn.functional.layer_norm) or "persistent" (the row
     # kept in registers: apex contrib FastLayerNorm, Transformer Engine's norms), the latter only for
@@ -225,7 +229,8 @@ class KernelSet:
     def missing(self, *, tensor: int, pipeline: int, schedule: str, zero: int, checkpointing: str,
                 sequence_parallel: bool, layers: int = 0, virtual_stages: int = 1,
                 stage_layers: Sequence[int] | None = None,
-                microbatch_group_size: int | None = None, order: str = "tp-dp-pp") -> list[tuple[str, str]]:
+                microbatch_group_size: int | None = None, order: str = "tp-dp-pp",
+                partition_activations: bool = False) -> list[tuple[str, str]]:
         """The parts of a layout this code base had no way to run, as (scenario field, value) pairs; empty
         when it could run all of it. dtsim simulates such a layout with the method it knows (a what-if);
         the planner leaves it out of its search. ``layers`` (0: not checked), ``virtual_stages`` and
@@ -241,6 +246,8 @@ class KernelSet:
             gaps.append(("parallel.sequence_parallel", "true"))
         if not self.selective_recompute and checkpointing == "selective":
             gaps.append(("training.checkpointing", "selective"))
+        if partition_activations and self.checkpoint_partition is None:
+            gaps.append(("training.checkpointing.partition_activations", "true"))
         stages = self.pipeline_zero_stages if pipeline > 1 and self.pipeline_zero_stages is not None \
             else self.zero_stages
         if zero not in stages:
@@ -312,6 +319,38 @@ P2P_GATHERS: dict[str, P2PGather] = {
     "partitioned": P2PGather(5.0, 2.0, 2),
 }
 
+@dataclass(frozen=True)
+class CheckpointPartition:
+    """What keeping a checkpointed input split over the t TP ranks costs beside the all-gather that rebuilds
+    it before the recompute, in multiples of the whole input's bytes: the slice kept at the forward
+    (read and written: 2/t) and, before the gather, a zero-filled buffer (``zeros``: written once) and the
+    own slice copied in (``own_slice``: 2/t); after it, ``copies_out``."""
+
+    zeros: float
+    own_slice: bool
+    copies_out: float
+
+
+# Sources, at the period of each kernel set (the same gathers as P2P_GATHERS):
+# - "list": Megatron-LM v2.x of 2021, --distribute-checkpointed-activations (megatron/mpu/random.py
+#   ``CheckpointFunction``: the first input split with ``split_tensor_into_1d_equal_chunks`` and copied into
+#   the preallocated checkpointed-activations buffer; backward ``gather_split_1d_tensor``: an empty buffer
+#   and ``all_gather`` into a list of its views, which ProcessGroupNCCL copies out: 2 tensors' bytes).
+# - "base": Megatron-LM from Feb. 2022 (--distribute-saved-activations) and Megatron-Core
+#   (``distribute_saved_activations``, tensor_parallel/random.py): the slice copied into a new buffer,
+#   ``_all_gather_base`` straight into the whole buffer.
+# - "deepspeed": DeepSpeed's activation checkpointing with partition_activations
+#   (deepspeed/runtime/activation_checkpointing/checkpointing.py, v0.5-0.8; Megatron-DeepSpeed's
+#   --partition-activations): ``partition_activations`` clones the slice;
+#   ``gather_partitioned_activations`` fills ``torch.zeros`` of the whole input, copies its own slice in and
+#   ``all_gather``s into a list of views of it (copied out), on the compute stream (the side-stream variant
+#   is commented out there).
+CHECKPOINT_PARTITIONS: dict[str, CheckpointPartition] = {
+    "list": CheckpointPartition(zeros=0.0, own_slice=False, copies_out=2.0),
+    "base": CheckpointPartition(zeros=0.0, own_slice=False, copies_out=0.0),
+    "deepspeed": CheckpointPartition(zeros=1.0, own_slice=True, copies_out=2.0),
+}
+
 KERNEL_SETS: dict[str, KernelSet] = {
     k.name: k
     for k in (
@@ -319,6 +358,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="megatron-lm-2021", attention="standard", attention_dropout_kernel=True,
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, fused_cross_entropy=False, p2p_gather="list",
+            checkpoint_partition="list",
             sequence_parallel=False, selective_recompute=False, zero_stages=(0,),
             even_pipeline_layers=True, interleaved_min_pipeline=3, microbatch_groups=False,
             interleaved_all_warmup=True,
@@ -337,7 +377,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             blocking_p2p=True, scatter_gather_p2p=True, tp_backward_overlap=True,
             norm_kernel="persistent", persistent_norm_hidden=MEGATRON_PERSIST_LN_HIDDEN, fused_softmax_max_seq=4096,
             fused_cross_entropy=False, zero_stages=(0, 1), even_pipeline_layers=True, interleaved_min_pipeline=3,
-            microbatch_groups=False, interleaved_all_warmup=True,
+            microbatch_groups=False, interleaved_all_warmup=True, checkpoint_partition="base",
             features_source="Megatron-LM's distributed optimizer (2022-06-08, d07d29d) shards the optimizer "
                             "state over the data-parallel ranks (ZeRO-1); it has no ZeRO-2 or -3; it asserts "
                             "num_layers divisible by the pipeline (and each stage's layers by its chunks) and a "
@@ -352,7 +392,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             gradient_accumulation_fusion=False, grad_reduce_fp32=True, overlap_grad_reduce=False,
             blocking_p2p=True, scatter_gather_p2p=True, zero1_grad_all_reduce=True, grad_accum_via_temporary=True,
             p2p_gather="partitioned", p2p_device_sync=False, sequence_parallel=False, selective_recompute=False,
-            bf16_optimizer_shards=True,
+            bf16_optimizer_shards=True, checkpoint_partition="deepspeed",
             pipeline_zero_stages=(0, 1), interleaved_schedule=False, pipeline_partition="deepspeed-type",
             features_source="microsoft/Megatron-DeepSpeed gained --sequence-parallel and --recompute-granularity "
                             "with its 2023-07-04 merge of upstream Megatron-LM (9e72d57); DeepSpeed's pipeline "
@@ -366,6 +406,7 @@ KERNEL_SETS: dict[str, KernelSet] = {
             name="transformer-engine", attention="flash", attention_dropout_kernel=False,
             gradient_accumulation_fusion=True, grad_reduce_fp32=True, overlap_grad_reduce=True,
             blocking_p2p=True, overlap_p2p_interleaved=True, scatter_gather_p2p=False, tp_backward_overlap=True,
+            checkpoint_partition="base",
             norm_kernel="persistent",
             te_attention=True, fp8_weight_cache=True, fused_softmax_max_seq=16383, fused_softmax_seq_multiple=8,
             rank_orders=("tp-dp-pp", "tp-pp-dp"),

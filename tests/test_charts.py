@@ -345,21 +345,26 @@ def test_large_gantt_rasterises_narrow_spans_and_keeps_every_row(tmp_path: Path)
     assert [x.get_text() for x in ax.get_yticklabels()] == ["gpu0 · compute", "gpu1 · compute"]
 
 
-def test_fast_csv_writer_matches_csv_module() -> None:
+def _csv_module_text(timeline: Timeline) -> str:
+    """timeline.csv as ``csv.writer`` writes it, one span at a time (the reference for the fast writer)."""
     import csv
     import io
 
-    from sim.outputs.writers import timeline_csv
-
-    timeline = gpipe_timeline(p=3, m=4, tp=2)
-    timeline.add(Span(0, tl.STREAM_COMPUTE, 'odd, "name"', tl.COMPUTE, 0.0, 0.1, {"bytes": 3}))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
     for s in sorted(timeline.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
         w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
                     s.args.get("microbatch", ""), s.args.get("bytes", "")])
-    assert timeline_csv(timeline) == buf.getvalue()
+    return buf.getvalue()
+
+
+def test_fast_csv_writer_matches_csv_module() -> None:
+    from sim.outputs.writers import timeline_csv
+
+    timeline = gpipe_timeline(p=3, m=4, tp=2)
+    timeline.add(Span(0, tl.STREAM_COMPUTE, 'odd, "name"', tl.COMPUTE, 0.0, 0.1, {"bytes": 3}))
+    assert timeline_csv(timeline) == _csv_module_text(timeline)
 
 
 def test_writers_format_repeated_durations_and_shared_args_once_with_the_same_text() -> None:
@@ -367,8 +372,6 @@ def test_writers_format_repeated_durations_and_shared_args_once_with_the_same_te
     encoded once (the spans of a schedule action share one): the files read as the span-by-span
     encodings do, a zero duration included, and an args dict shared by many spans with the content of its
     own (a later span's equal-but-distinct dict) stays right."""
-    import csv
-    import io
     import json
 
     from sim.outputs.writers import chrome_trace, timeline_csv
@@ -383,13 +386,7 @@ def test_writers_format_repeated_durations_and_shared_args_once_with_the_same_te
             t.add(Span(g, tl.STREAM_COMPUTE, f"k{i % 5}", tl.FORWARD, clock, dur, shared))
             t.add(Span(g, tl.STREAM_COMM, "ar", tl.COMM_TP, clock, dur / 3, {"microbatch": i % 7, "bytes": 8}))
         clock += 0.004 + i * 1e-9
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["gpu", "stream", "name", "category", "start_s", "dur_s", "end_s", "microbatch", "bytes"])
-    for s in sorted(t.spans, key=lambda s: (s.gpu, s.start_s, s.stream)):
-        w.writerow([s.gpu, s.stream, s.name, s.category, repr(s.start_s), repr(s.dur_s), repr(s.end_s),
-                    s.args.get("microbatch", ""), s.args.get("bytes", "")])
-    assert timeline_csv(t) == buf.getvalue()
+    assert timeline_csv(t) == _csv_module_text(t)
     events = [e for e in json.loads(chrome_trace(t))["traceEvents"] if e["ph"] == "X"]
     assert [(e["dur"], e["args"]) for e in events] == [(float(f"{s.dur_s * 1e6:.3f}"), s.args) for s in t.spans]
 

@@ -135,7 +135,7 @@ def _micros(seconds: np.ndarray) -> list[str]:
         return []
     if not np.isfinite(micros).all():
         return [f"{v:.{TRACE_TIME_DECIMALS}f}" if math.isfinite(v) else json.dumps(v) for v in micros.tolist()]
-    if len(micros) >= 1024 and not np.signbit(micros).any():  # durations: few distinct values, each formatted once (``_reprs_column``)
+    if len(micros) >= 1024 and not np.signbit(micros).any():  # durations: each distinct one formatted once
         uniq, inverse = np.unique(micros, return_inverse=True)
         if 2 * len(uniq) <= len(micros):
             texts = (f"%.{TRACE_TIME_DECIMALS}f," * len(uniq) % tuple(uniq.tolist())).split(",")[:-1]

@@ -319,6 +319,7 @@ P2P_GATHERS: dict[str, P2PGather] = {
     "partitioned": P2PGather(5.0, 2.0, 2),
 }
 
+
 @dataclass(frozen=True)
 class CheckpointPartition:
     """What keeping a checkpointed input split over the t TP ranks costs beside the all-gather that rebuilds

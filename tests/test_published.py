@@ -314,13 +314,7 @@ def test_published_needs_neither_torch_nor_calibrate() -> None:
     assert SMALL in proc.stdout
 
 
-# Meta's Llama 3 405B runs: dtsim's activation count (Korthikanti's, for a SwiGLU/GQA layer, with the
-# interleaved schedule's in-flight micro-batches) exceeds the H100's 83.8 GB without recomputation, though
-# the paper trained at 8K without it; a known gap of the memory model (README, limits).
-MEMORY_GAP = {"llama3-405b-8192xh100", "llama3-405b-16384xh100", "llama3-405b-131k-16384xh100-cp16"}
-
-
-@pytest.mark.parametrize("name", sorted(set(BY_NAME) - MEMORY_GAP))
+@pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_every_published_run_fits_in_its_gpus(name: str) -> None:
     """These runs happened on the GPUs they name, so the memory model must find them a fit (analytic: the
     job is built, not simulated)."""

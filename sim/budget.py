@@ -140,7 +140,8 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
                                         f"{steps} step(s) × {per:.3g} per {m.op} over {m.ranks} GPUs",
                             spans=runs * m.ranks)
     par, tr = sc.require_training()
-    p, t, d, v = par.pipeline, par.tensor, par.data, par.virtual_stages
+    # gradients are summed over data × context parallelism (Megatron's DP×CP group; sim.build's job.dp)
+    p, t, d, v = par.pipeline, par.tensor, par.data * par.cp, par.virtual_stages
     mb = max(1, sc.microbatches)
     layers = _layers(sc.model)
     if symmetric is None:
@@ -169,7 +170,7 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
     pp = 2.0 * mb * v * (p - 1) * (sim_gpus / p) * (EVENTS_PER_STEP + EVENTS_PER_TRANSFER)
     gbytes = reduced_grad_bytes(sc)  # as sim.build reduces them (fp32 main grads for bf16 transformers)
     grad_bytes = _params(sc.model) / max(1, p * t) * gbytes
-    bucket = grad_bucket_bytes(par.bucket_MB, transformer=isinstance(sc.model, TransformerModel), data=d,
+    bucket = grad_bucket_bytes(par.bucket_MB, transformer=isinstance(sc.model, TransformerModel), data=par.data,
                                grad_elem_bytes=gbytes)
     buckets = max(1, math.ceil(grad_bytes / bucket)) if d > 1 else 0
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:

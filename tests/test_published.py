@@ -343,3 +343,26 @@ def test_bad_input_inside_a_worker_is_one_line_and_exit_2(capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and "training.bogus" in err[0] and "unknown key" in err[0]
+
+
+def test_the_cases_expected_to_take_longest_start_first() -> None:
+    """With several workers, the few long cases (Meta's 405B runs: per-micro-batch reduce-scatters over
+    64- to 128-GPU rings) start first, side by side, instead of one of them last and alone."""
+    from sim.validation.published import longest_first
+
+    picked = [BY_NAME[SMALL], BY_NAME["mtnlg-530b-2240xa100"], BY_NAME["llama3-405b-16384xh100"]]
+    assert longest_first(picked, DEFAULT_CASES, None) == [2, 1, 0]
+
+
+def test_the_budget_counts_gradient_rings_over_data_times_context_parallelism() -> None:
+    """Gradients are reduce-scattered over the data × context-parallel group (128 GPUs in Meta's
+    131,072-token run: data 8 × CP 16), so the estimate's per-micro-batch reduce-scatters under ZeRO-2 cost
+    at least those rings' steps, not those of 8 ranks."""
+    from sim.budget import _collective_cost, estimate_work
+
+    path = scenario_path(BY_NAME["llama3-405b-131k-16384xh100-cp16"], DEFAULT_CASES)
+    sc2, sc1 = load_scenario(path), load_scenario(path, ["parallel.zero=1"])
+    p, mb, layers = sc2.parallel.pipeline, sc2.microbatches, sc2.model.layers / sc2.parallel.pipeline
+    rings = p * mb * layers * _collective_cost("reduce_scatter", "ring", 128, True)
+    assert estimate_work(sc2).events - estimate_work(sc1).events >= 0.9 * rings
+    assert rings > 10 * p * mb * layers * _collective_cost("reduce_scatter", "ring", 8, True)

@@ -387,13 +387,31 @@ def run_cases(selected: list[Case], cases_file: Path, overrides: list[str] | Non
     if jobs <= 1 or "forkserver" not in multiprocessing.get_all_start_methods():
         return [_checked(c, _run_in_worker(c, cases_file, overrides), i, total) for i, c in enumerate(selected, 1)]
     results: list[CaseResult | None] = [None] * total
-    jobs_in = [(i, c, cases_file, overrides) for i, c in enumerate(selected)]
+    jobs_in = [(i, selected[i], cases_file, overrides) for i in longest_first(selected, cases_file, overrides)]
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__, "sim.api"])  # each worker starts with the simulator imported
     with ctx.Pool(jobs, initializer=_worker_init, maxtasksperchild=1) as pool:
         for done, (i, r) in enumerate(pool.imap_unordered(_indexed, jobs_in), 1):  # leaving: terminate()
             results[i] = _checked(selected[i], r, done, total)
     return [r for r in results if r is not None]
+
+
+def longest_first(selected: list[Case], cases_file: Path, overrides: list[str] | None) -> list[int]:
+    """Indices of ``selected``, the cases the simulation budget expects to take longest first
+    (``sim.budget.estimate_work``): started first on the workers, the few long ones run side by side
+    rather than one of them last, alone. A case whose scenario does not load keeps its place at the front
+    (its worker reports the error at once)."""
+    from sim.budget import estimate_work
+    from sim.scenario.load import load_scenario
+
+    def events(case: Case) -> float:
+        try:
+            return estimate_work(load_scenario(scenario_path(case, cases_file), overrides or [])).events
+        except ScenarioError:
+            return math.inf
+
+    work = [events(c) for c in selected]
+    return sorted(range(len(selected)), key=lambda i: -work[i])
 
 
 def _select(cases: CaseSet, names: list[str] | None) -> list[Case]:

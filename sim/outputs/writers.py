@@ -12,7 +12,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import repeat
 from json import encoder as je
@@ -111,16 +111,22 @@ def _reprs(values: list) -> list[str]:
     return text[1:-1].split(", ") if len(values) else []
 
 
+def _each_distinct_once(values: np.ndarray, fmt: Callable[[list], list[str]]) -> list[str]:
+    """``fmt`` of a finite numeric column, each distinct value formatted once when most repeat (durations:
+    every micro-batch runs the same kernels, so 10⁵ spans hold a few thousand distinct lengths, and
+    formatting is the costly part of the text files)."""
+    if len(values) >= 1024 and not np.signbit(values).any():  # -0.0 and 0.0 would share one text
+        uniq, inverse = np.unique(values, return_inverse=True)
+        if 2 * len(uniq) <= len(values):
+            return np.array(fmt(uniq.tolist()), dtype=object)[inverse.reshape(-1)].tolist()
+    return fmt(values.tolist())
+
+
 def _reprs_column(values: np.ndarray) -> list[str]:
-    """``_reprs`` of a numeric column, each distinct value formatted once when most repeat (durations:
-    every micro-batch runs the same kernels, so 10⁵ spans hold a few thousand distinct lengths; the
-    shortest round-trip repr is the costly part of timeline.csv)."""
-    if len(values) < 1024 or not np.isfinite(values).all() or np.signbit(values).any():
-        return _reprs(values.tolist())  # -0.0 and 0.0 would share one text; nan never equals itself
-    uniq, inverse = np.unique(values, return_inverse=True)
-    if 2 * len(uniq) > len(values):
+    """``_reprs`` of a numeric column (``_each_distinct_once`` where every value is finite)."""
+    if not np.isfinite(values).all():
         return _reprs(values.tolist())
-    return np.array(_reprs(uniq.tolist()), dtype=object)[inverse.reshape(-1)].tolist()
+    return _each_distinct_once(values, _reprs)
 
 
 TRACE_TIME_DECIMALS = 3  # trace.json times in µs to the nanosecond (Perfetto shows ns at most)
@@ -135,12 +141,12 @@ def _micros(seconds: np.ndarray) -> list[str]:
         return []
     if not np.isfinite(micros).all():
         return [f"{v:.{TRACE_TIME_DECIMALS}f}" if math.isfinite(v) else json.dumps(v) for v in micros.tolist()]
-    if len(micros) >= 1024 and not np.signbit(micros).any():  # durations: each distinct one formatted once
-        uniq, inverse = np.unique(micros, return_inverse=True)
-        if 2 * len(uniq) <= len(micros):
-            texts = (f"%.{TRACE_TIME_DECIMALS}f," * len(uniq) % tuple(uniq.tolist())).split(",")[:-1]
-            return np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
-    return (f"%.{TRACE_TIME_DECIMALS}f," * len(micros) % tuple(micros.tolist())).split(",")[:-1]
+    return _each_distinct_once(micros, _fixed_point)
+
+
+def _fixed_point(values: list) -> list[str]:
+    """Every value to ``TRACE_TIME_DECIMALS`` decimals, by one C ``%`` over the list."""
+    return (f"%.{TRACE_TIME_DECIMALS}f," * len(values) % tuple(values)).split(",")[:-1]
 
 
 def _coded(codes: np.ndarray, names: tuple[str, ...]) -> list[str]:

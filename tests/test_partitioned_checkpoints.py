@@ -1,8 +1,9 @@
-"""DeepSpeed's partitioned activation checkpoints (training.checkpointing.partition_activations): each
-tensor-parallel rank keeps 1/t of every checkpointed layer input and all-gathers it before the recompute
-(deepspeed/runtime/activation_checkpointing/checkpointing.py; sim.training.step_work.
-partitioned_checkpoint_blocks). Memory against the hand count of the inputs kept, time against the
-blocks the gather adds, and the rules."""
+"""Partitioned activation checkpoints (training.checkpointing.partition_activations: Megatron-LM's
+--distribute-checkpointed/saved-activations, DeepSpeed's partition_activations): each tensor-parallel rank
+keeps 1/t of every checkpointed layer input and all-gathers it before the recompute, with each stack's copies
+around the gather (sim.workload.kernels.CHECKPOINT_PARTITIONS; sim.training.step_work.
+partitioned_checkpoint_blocks). Memory against the hand count of the inputs kept, time against the blocks
+the gather adds, and the rules."""
 
 from __future__ import annotations
 

@@ -41,6 +41,9 @@ EVENTS_PER_S = 3e5
 # a collective step (a rate recompute and wake-up for all its transfers) ~40 (~125 µs, 8-GPU rings).
 EVENTS_PER_TRANSFER = 1.5
 EVENTS_PER_STEP = 40.0
+# A step of a ring of alike hops (one transfer, one rate update on the representative's links): ~6 more
+# (Llama 3 405B, 16,384 GPUs, ZeRO-2: 260 k such steps in 6.7 s, ~25 µs each).
+EVENTS_PER_ALIKE_STEP = 6.0
 # Memory: ~400 B per timeline span while simulating (gpt3-175b: 150k spans, +60 MB) and as much again to
 # write trace.json and timeline.csv; the interpreter with numpy, SimPy and pydantic is ~55 MB.
 BYTES_PER_SPAN = 1000
@@ -96,6 +99,28 @@ def _collective_cost(op: str, algorithm: str, g: int, lockstep: bool = True) -> 
     at its own pace): then each transfer starts and ends at its own instant, one rate update apiece."""
     transfers, steps = _collective_steps(op, algorithm, g)
     return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * (steps if lockstep else transfers)
+
+
+def _alike_cost(op: str, g: int) -> float:
+    """Events of one ring collective whose hops are all alike in a symmetric run (``AlikeRingRun``): one
+    transfer per step."""
+    _, steps = _collective_steps(op, "ring", g)
+    return (EVENTS_PER_TRANSFER + EVENTS_PER_ALIKE_STEP) * steps
+
+
+def _dp_rings_alike(sc: Scenario) -> bool:
+    """Whether a symmetric run's data-parallel rings run as one chain of steps (``Symmetry.ring_is_alike``,
+    less its mirror-group check): the first stage's DP group hops all inside nodes or all between them, on
+    a tree whose leaf and pod links cannot bind (no oversubscription)."""
+    from sim.parallel.layout import Layout
+
+    par, _ = sc.require_training()
+    c = sc.cluster
+    if c.topology.oversubscription > 1 or c.topology.pod_oversubscription > 1:
+        return False
+    grp = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp, par.order).dp_group(0)
+    nodes = [x // c.gpus_per_node for x in grp]
+    return len({nodes[i] != nodes[(i + 1) % len(nodes)] for i in range(len(nodes))}) == 1
 
 
 def auto_symmetric(sc: Scenario) -> bool:
@@ -176,14 +201,17 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets
-    dp = p * (simulated_buckets * _collective_cost("all_reduce", "ring", d, lockstep) + buckets)
+    # A symmetric run's ring of alike hops is one transfer per step.
+    alike = symmetric and d > 1 and _dp_rings_alike(sc)
+    ring_cost = _alike_cost if alike else (lambda op, g: _collective_cost(op, "ring", g, lockstep))
+    dp = p * (simulated_buckets * ring_cost("all_reduce", d) + buckets)
     dp_spans: float = sim_gpus * buckets
     if par.zero >= 2 and d > 1:
         # ZeRO-2/3: every layer's gradients reduce-scattered per micro-batch (ZeRO-3 also gathers its
         # weights for F and B), each over the whole DP group in either mode.
         per_gpu = mb * per_gpu_layers * (3 if par.zero >= 3 else 1)
         groups = p if symmetric else sc.total_gpus / d
-        dp = groups * per_gpu * _collective_cost("reduce_scatter", "ring", d, lockstep)
+        dp = groups * per_gpu * ring_cost("reduce_scatter", d)
         dp_spans = sim_gpus * per_gpu
     per_step = compute + tp + pp + dp
     events = steps * per_step

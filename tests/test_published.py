@@ -357,12 +357,14 @@ def test_the_cases_expected_to_take_longest_start_first() -> None:
 def test_the_budget_counts_gradient_rings_over_data_times_context_parallelism() -> None:
     """Gradients are reduce-scattered over the data × context-parallel group (128 GPUs in Meta's
     131,072-token run: data 8 × CP 16), so the estimate's per-micro-batch reduce-scatters under ZeRO-2 cost
-    at least those rings' steps, not those of 8 ranks."""
-    from sim.budget import _collective_cost, estimate_work
+    at least those rings' steps, not those of 8 ranks. (One GPU per node in each ring, on a non-blocking
+    tree: a symmetric run takes each ring's steps as one chain, ``AlikeRingRun``.)"""
+    from sim.budget import _alike_cost, _dp_rings_alike, estimate_work
 
     path = scenario_path(BY_NAME["llama3-405b-131k-16384xh100-cp16"], DEFAULT_CASES)
     sc2, sc1 = load_scenario(path), load_scenario(path, ["parallel.zero=1"])
+    assert _dp_rings_alike(sc2)
     p, mb, layers = sc2.parallel.pipeline, sc2.microbatches, sc2.model.layers / sc2.parallel.pipeline
-    rings = p * mb * layers * _collective_cost("reduce_scatter", "ring", 128, True)
+    rings = p * mb * layers * _alike_cost("reduce_scatter", 128)
     assert estimate_work(sc2).events - estimate_work(sc1).events >= 0.9 * rings
-    assert rings > 10 * p * mb * layers * _collective_cost("reduce_scatter", "ring", 8, True)
+    assert rings > 10 * p * mb * layers * _alike_cost("reduce_scatter", 8)

@@ -2,7 +2,8 @@
 
 A run starts a transfer once its predecessors are done and both of its ranks have joined the collective
 (NCCL's rendezvous), so a late rank delays everyone who needs it. ``DagRun`` runs any transfer DAG,
-``RingRun`` a ring without building its DAG, ``InNetworkRun`` a switch reduction, ``PhasedRun`` phases
+``RingRun`` a ring without building its DAG, ``AlikeRingRun`` a symmetric run's ring of alike hops as one
+chain of steps, ``InNetworkRun`` a switch reduction, ``PhasedRun`` phases
 with barriers between them; ``make_run`` picks the class for a ``Spec``.
 
 NCCL's cost structure (``sim.hardware.nccl``): every run pays its algorithm's base (launch) latency once,
@@ -249,6 +250,57 @@ class RingRun(CollectiveRun):
             self._try(j)
 
 
+class AlikeRingRun(CollectiveRun):
+    """The ring of ``RingSpec`` in a symmetric run whose hops are all alike (``Symmetry.ring_is_alike``):
+    every rank joins at once (its mirrors with it), and every hop crosses links of one class whose load, by
+    the symmetry, is the representative's own. Then every hop moves step k at the same moment, and
+    ``RingRun``'s p transfers per step collapse into one: step k+1 leaves when step k has arrived (rank i
+    receives step k from i-1 just as i+1 receives it from i), each paying the hop latency and its bytes'
+    time, (k+1)·(latency + bytes/rate) on idle links as for ``RingRun``.
+
+    The one transfer crosses rank 0's outgoing hop and its incoming hop together: a hop i→i+1 meets rank
+    i's traffic where it leaves and rank i+1's where it arrives, which are the representative's own
+    outgoing and incoming traffic in a symmetric run. (``RingRun`` meets that traffic on the two hops that
+    touch the representative only; the other p-2 ran on idle links.) p·steps transfers become steps, which
+    keeps per-micro-batch reduce-scatters over hundreds of ranks (ZeRO-2 and 3) cheap to simulate."""
+
+    def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
+                 protocol: str = "Simple", launch_s: float = 0.0):
+        super().__init__(world, gpus, channels, spec.n, spec.n * spec.chunk_bytes, protocol, launch_s)
+        self._steps = spec.steps
+        self._wire_bytes = spec.chunk_bytes * self._wire
+        self._n_joined = 0
+        self._k = 0  # steps arrived
+        self._hop: tuple[list, float] | None = None
+
+    def _on_join(self, i: int) -> None:
+        self._n_joined += 1
+        if self._n_joined < self.p:
+            return
+        if self.p < 2 or self._steps == 0:
+            for r in range(self.p):
+                self._rank_done(r)
+            return
+        out, latency = self._route(0, 1)
+        into, _ = self._route(self.p - 1, 0)
+        # channel by channel (the same NIC pairing on both hops), the union of the two hops' links
+        self._hop = ([(tuple(dict.fromkeys(a + b)), share) for (a, share), (b, _) in zip(out, into, strict=True)],
+                     latency)
+        self._next_step()
+
+    def _next_step(self) -> None:
+        assert self._hop is not None
+        self.world.network.transfer(self._hop[0], self._wire_bytes, self._hop[1], self, 0)
+
+    def transfer_done(self, tag: int) -> None:
+        self._k += 1
+        if self._k < self._steps:
+            self._next_step()
+            return
+        for r in range(self.p):
+            self._rank_done(r)
+
+
 class InNetworkRun(CollectiveRun):
     """Runs an ``InNetworkSpec``: once every rank has joined (the switch needs all contributions), each
     rank's upward and downward streams flow at once; a rank is done when both have arrived."""
@@ -324,9 +376,10 @@ class PhasedRun(CollectiveRun):
 
 
 def make_run(world, dag: Spec, gpus: list[int], channels: int | None = None, protocol: str = "Simple",
-             launch_s: float = 0.0) -> CollectiveRun:
+             launch_s: float = 0.0, alike: bool = False) -> CollectiveRun:
+    """The run of ``dag``; ``alike``: a ring whose hops are all alike in a symmetric run (``AlikeRingRun``)."""
     if isinstance(dag, RingSpec):
-        return RingRun(world, dag, gpus, channels, protocol, launch_s)
+        return (AlikeRingRun if alike else RingRun)(world, dag, gpus, channels, protocol, launch_s)
     if isinstance(dag, InNetworkSpec):
         return InNetworkRun(world, dag, gpus, channels, protocol, launch_s)
     if isinstance(dag, PhasedSpec):

@@ -48,6 +48,7 @@ class Symmetry:
         self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
         self._stage_cache: dict[int, list[int]] = {}
         self._mirrors: dict[tuple, list] = {}
+        self._alike: dict[tuple[int, str], bool] = {}
         self.binding: set[int] = self._binding_links() | self._fabric_binding() if symmetric else set()
         # A leaf or pod link can bind: then the mirrors whose traffic meets g's are on any node of its stage,
         # not only on its own (``candidates``).
@@ -283,6 +284,31 @@ class Symmetry:
                             out.append(grp)
             self._mirrors[key] = out
         return out
+
+    def ring_is_alike(self, g: int, kind: str) -> bool:
+        """Whether a ring over g's ``kind`` group may run as one chain of steps (``AlikeRingRun``): in a
+        symmetric run, a group of g's mirrors (one stage) that no other mirrored group's collective meets on
+        a binding link, whose hops are all inside nodes or all between nodes and, between nodes, use as many
+        NICs on every node and cross no leaf or pod link that can bind. Every hop then crosses links of the
+        same capacities, loaded (by the symmetry) as the representative's own."""
+        if not self.symmetric or kind not in KINDS:
+            return False
+        hit = self._alike.get((g, kind))
+        if hit is None:
+            hit = self._alike[(g, kind)] = self._find_ring_is_alike(g, kind)
+        return hit
+
+    def _find_ring_is_alike(self, g: int, kind: str) -> bool:
+        grp = self.group(g, kind)
+        p = len(grp)
+        if p < 2 or self.mirror_groups(g, kind):
+            return False
+        topo = self.topology
+        nodes = [topo.node_of(x) for x in grp]
+        between = {nodes[i] != nodes[(i + 1) % p] for i in range(p)}
+        if between == {True}:
+            return not self.fabric_binds and len({len(v) for v in topo.group_nics(grp).values()}) == 1
+        return between == {False}
 
     def _stage_ranks(self, stage: int) -> list[int]:
         """Every rank of pipeline stage ``stage``, in rank order."""

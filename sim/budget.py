@@ -41,9 +41,9 @@ EVENTS_PER_S = 3e5
 # a collective step (a rate recompute and wake-up for all its transfers) ~40 (~125 µs, 8-GPU rings).
 EVENTS_PER_TRANSFER = 1.5
 EVENTS_PER_STEP = 40.0
-# A step of a ring of alike hops (one transfer, one rate update on the representative's links): ~6 more
-# (Llama 3 405B, 16,384 GPUs, ZeRO-2: 260 k such steps in 6.7 s, ~25 µs each).
-EVENTS_PER_ALIKE_STEP = 6.0
+# A folded ring's transfer (``FoldedRingRun``: one rate update on the links of the representative's
+# node apiece): ~6 more (Llama 3 405B, 16,384 GPUs, ZeRO-2: 260 k such steps in 6.7 s, ~25 µs each).
+EVENTS_PER_FOLDED_STEP = 6.0
 # Memory: ~400 B per timeline span while simulating (gpt3-175b: 150k spans, +60 MB) and as much again to
 # write trace.json and timeline.csv; the interpreter with numpy, SimPy and pydantic is ~55 MB.
 BYTES_PER_SPAN = 1000
@@ -101,26 +101,33 @@ def _collective_cost(op: str, algorithm: str, g: int, lockstep: bool = True) -> 
     return EVENTS_PER_TRANSFER * transfers + EVENTS_PER_STEP * (steps if lockstep else transfers)
 
 
-def _alike_cost(op: str, g: int) -> float:
-    """Events of one ring collective whose hops are all alike in a symmetric run (``AlikeRingRun``): one
-    transfer per step."""
+def _folded_cost(op: str, g: int, period: int) -> float:
+    """Events of one ring collective that a symmetric run folds onto ``period`` ranks (``FoldedRingRun``):
+    ``period`` transfers per step."""
     _, steps = _collective_steps(op, "ring", g)
-    return (EVENTS_PER_TRANSFER + EVENTS_PER_ALIKE_STEP) * steps
+    return (EVENTS_PER_TRANSFER + EVENTS_PER_FOLDED_STEP) * steps * period
 
 
-def _dp_rings_alike(sc: Scenario) -> bool:
-    """Whether a symmetric run's data-parallel rings run as one chain of steps (``Symmetry.ring_is_alike``,
-    less its mirror-group check): the first stage's DP group hops all inside nodes or all between them, on
-    a tree whose leaf and pod links cannot bind (no oversubscription)."""
+def _dp_ring_period(sc: Scenario) -> int | None:
+    """The period onto which a symmetric run folds its data-parallel rings (``Symmetry.ring_period``, less
+    its mirror groups), or None: the first stage's DP group visiting its nodes in turn with as many ranks on
+    each, on a tree whose leaf and pod links cannot bind (no oversubscription)."""
     from sim.parallel.layout import Layout
 
     par, _ = sc.require_training()
     c = sc.cluster
     if c.topology.oversubscription > 1 or c.topology.pod_oversubscription > 1:
-        return False
+        return None
     grp = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp, par.order).dp_group(0)
     nodes = [x // c.gpus_per_node for x in grp]
-    return len({nodes[i] != nodes[(i + 1) % len(nodes)] for i in range(len(nodes))}) == 1
+    n_nodes = len(set(nodes))
+    q = len(grp) // n_nodes
+    if n_nodes == 1:
+        return 1
+    # q ranks on each node, consecutive in the ring: each block of q on one node, every block on its own
+    if q * n_nodes != len(grp) or any(nodes[i] != nodes[i - i % q] for i in range(len(grp))):
+        return None
+    return q if len({nodes[i] for i in range(0, len(grp), q)}) == n_nodes else None
 
 
 def auto_symmetric(sc: Scenario) -> bool:
@@ -201,9 +208,13 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
     # Symmetric mode reuses the duration of a collective of the same shape on links nothing else uses:
     # buckets of one size are then simulated about once per stage (full buckets and the remainder).
     simulated_buckets = min(buckets, 4) if symmetric else buckets
-    # A symmetric run's ring of alike hops is one transfer per step.
-    alike = symmetric and d > 1 and _dp_rings_alike(sc)
-    ring_cost = _alike_cost if alike else (lambda op, g: _collective_cost(op, "ring", g, lockstep))
+    # A symmetric run folds a ring whose nodes hold q ranks each onto q: q transfers per step. With q > 1
+    # under ZeRO-2/3 the other tensor ranks' rings on the node are folded beside it (their hops inside the
+    # node cross the links of the representative's tensor-parallel group: Symmetry.mirror_groups).
+    period = _dp_ring_period(sc) if symmetric and d > 1 else None
+    beside = t if period is not None and period > 1 and par.zero >= 2 else 1
+    ring_cost = ((lambda op, g: beside * _folded_cost(op, g, period)) if period is not None
+                 else (lambda op, g: _collective_cost(op, "ring", g, lockstep)))
     dp = p * (simulated_buckets * ring_cost("all_reduce", d) + buckets)
     dp_spans: float = sim_gpus * buckets
     if par.zero >= 2 and d > 1:

@@ -358,13 +358,13 @@ def test_the_budget_counts_gradient_rings_over_data_times_context_parallelism() 
     """Gradients are reduce-scattered over the data × context-parallel group (128 GPUs in Meta's
     131,072-token run: data 8 × CP 16), so the estimate's per-micro-batch reduce-scatters under ZeRO-2 cost
     at least those rings' steps, not those of 8 ranks. (One GPU per node in each ring, on a non-blocking
-    tree: a symmetric run takes each ring's steps as one chain, ``AlikeRingRun``.)"""
-    from sim.budget import _alike_cost, _dp_rings_alike, estimate_work
+    tree: a symmetric run folds each ring onto one rank, ``FoldedRingRun``.)"""
+    from sim.budget import _dp_ring_period, _folded_cost, estimate_work
 
     path = scenario_path(BY_NAME["llama3-405b-131k-16384xh100-cp16"], DEFAULT_CASES)
     sc2, sc1 = load_scenario(path), load_scenario(path, ["parallel.zero=1"])
-    assert _dp_rings_alike(sc2)
+    assert _dp_ring_period(sc2) == 1
     p, mb, layers = sc2.parallel.pipeline, sc2.microbatches, sc2.model.layers / sc2.parallel.pipeline
-    rings = p * mb * layers * _alike_cost("reduce_scatter", 128)
+    rings = p * mb * layers * _folded_cost("reduce_scatter", 128, 1)
     assert estimate_work(sc2).events - estimate_work(sc1).events >= 0.9 * rings
-    assert rings > 10 * p * mb * layers * _alike_cost("reduce_scatter", 8)
+    assert rings > 10 * p * mb * layers * _folded_cost("reduce_scatter", 8, 1)

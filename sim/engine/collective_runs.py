@@ -2,8 +2,8 @@
 
 A run starts a transfer once its predecessors are done and both of its ranks have joined the collective
 (NCCL's rendezvous), so a late rank delays everyone who needs it. ``DagRun`` runs any transfer DAG,
-``RingRun`` a ring without building its DAG, ``AlikeRingRun`` a symmetric run's ring of alike hops as one
-chain of steps, ``InNetworkRun`` a switch reduction, ``PhasedRun`` phases
+``RingRun`` a ring without building its DAG, ``FoldedRingRun`` a symmetric run's ring folded onto one
+period of its hops, ``InNetworkRun`` a switch reduction, ``PhasedRun`` phases
 with barriers between them; ``make_run`` picks the class for a ``Spec``.
 
 NCCL's cost structure (``sim.hardware.nccl``): every run pays its algorithm's base (launch) latency once,
@@ -250,28 +250,36 @@ class RingRun(CollectiveRun):
             self._try(j)
 
 
-class AlikeRingRun(CollectiveRun):
-    """The ring of ``RingSpec`` in a symmetric run whose hops are all alike (``Symmetry.ring_is_alike``):
-    every rank joins at once (its mirrors with it), and every hop crosses links of one class whose load, by
-    the symmetry, is the representative's own. Then every hop moves step k at the same moment, and
-    ``RingRun``'s p transfers per step collapse into one: step k+1 leaves when step k has arrived (rank i
-    receives step k from i-1 just as i+1 receives it from i), each paying the hop latency and its bytes'
-    time, (k+1)·(latency + bytes/rate) on idle links as for ``RingRun``.
+class FoldedRingRun(RingRun):
+    """The ring of ``RingSpec`` in a symmetric run, folded onto one period of its hops (``Symmetry.ring_fold``).
 
-    The one transfer crosses rank 0's outgoing hop and its incoming hop together: a hop i→i+1 meets rank
-    i's traffic where it leaves and rank i+1's where it arrives, which are the representative's own
-    outgoing and incoming traffic in a symmetric run. (``RingRun`` meets that traffic on the two hops that
-    touch the representative only; the other p-2 ran on idle links.) p·steps transfers become steps, which
-    keeps per-micro-batch reduce-scatters over hundreds of ranks (ZeRO-2 and 3) cheap to simulate."""
+    Every rank of the ring mirrors the representative and joins with it; the ring visits its nodes in turn,
+    q ranks on each (q − 1 hops inside the node, then one to the next node), every node alike. By the
+    symmetry rank i then moves step k when rank i mod q does, so ``RingRun`` over q virtual ranks, virtual
+    hop j standing for hops j, j + q, j + 2q, …, runs the same steps with p/q times fewer transfers (q = 1
+    when every hop is alike: one transfer per step).
 
-    def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
-                 protocol: str = "Simple", launch_s: float = 0.0):
-        super().__init__(world, gpus, channels, spec.n, spec.n * spec.chunk_bytes, protocol, launch_s)
-        self._steps = spec.steps
-        self._wire_bytes = spec.chunk_bytes * self._wire
+    Virtual hop j runs where ``RingRun`` ran the hop leaving position j of the representative's node (the
+    block of q ranks from ``block``), whose links carry the simulated traffic of that node. The hop out of
+    the node also crosses the link by which the block's first rank receives (its NIC of that channel): every
+    node's first rank receives from the node before, and meets its own traffic there, which is the
+    representative's (``RingRun`` met it on the one hop into the representative's node; the other nodes'
+    ran on idle links). This keeps per-micro-batch reduce-scatters over hundreds of ranks (ZeRO-2 and 3)
+    cheap to simulate."""
+
+    def __init__(self, world, spec: RingSpec, gpus: list[int], period: int, block: int = 0,
+                 channels: int | None = None, protocol: str = "Simple", launch_s: float = 0.0):
+        super().__init__(world, spec, gpus, channels, protocol, launch_s)
+        q = self._q = period
+        self._block = block  # group index of the first rank on the representative's node (a multiple of q)
+        self._next = [(i + 1) % q for i in range(q)]
+        self._hop = [None] * q
+        self._sent = [0] * q
+        self._recvd = [0] * q
+        self._busy = [0] * q
+        self._recv_at = [[] for _ in range(q)]
+        self._joined_at = [0.0] * q
         self._n_joined = 0
-        self._k = 0  # steps arrived
-        self._hop: tuple[list, float] | None = None
 
     def _on_join(self, i: int) -> None:
         self._n_joined += 1
@@ -279,26 +287,46 @@ class AlikeRingRun(CollectiveRun):
             return
         if self.p < 2 or self._steps == 0:
             for r in range(self.p):
-                self._rank_done(r)
+                CollectiveRun._rank_done(self, r)
             return
-        out, latency = self._route(0, 1)
-        into, _ = self._route(self.p - 1, 0)
-        # channel by channel (the same NIC pairing on both hops), the union of the two hops' links
-        self._hop = ([(tuple(dict.fromkeys(a + b)), share) for (a, share), (b, _) in zip(out, into, strict=True)],
-                     latency)
-        self._next_step()
+        now = self.world.env.now
+        for j in range(self._q):
+            self._joined_at[j] = now
+            self._hop[j] = self._folded_hop(j)
+        for j in range(self._q):
+            self._try(j)
 
-    def _next_step(self) -> None:
-        assert self._hop is not None
-        self.world.network.transfer(self._hop[0], self._wire_bytes, self._hop[1], self, 0)
+    def _folded_hop(self, j: int) -> tuple[list, float]:
+        """Routes (with their shares over the channels) and latency of virtual hop j: the hop from position j
+        of the representative's node, and for the hop out of the node the link into the node's first rank."""
+        topo = self.world.topology
+        a, b = self.gpus[self._block + j], self.gpus[(self._block + j + 1) % self.p]
+        first = self.gpus[self._block]  # the node's first rank: receives from the node before
+        na, nb = topo.node_of(a), topo.node_of(b)
+        if na == nb:
+            if j == self._q - 1:  # a ring inside one node (q = 1): the hop into ``first`` is one more of them
+                rt = topo.route(a, b)
+                return [(tuple(dict.fromkeys((*rt.links, topo.gpu_down[first]))), 1.0)], self._hop_latency(rt)
+            rt = topo.route(a, b)
+            return [(rt.links, 1.0)], self._hop_latency(rt)
+        share: dict[tuple[int, ...], float] = {}
+        latency = 0.0
+        for c in range(self.channels):
+            if self.channels == 1:  # as CollectiveRun._route: each GPU's own first NIC
+                ia, ib, i_first = topo.nics_of(a)[0], topo.nics_of(b)[0], topo.nics_of(first)[0]
+            else:
+                nics_a, nics_b = self._group_nics[na], self._group_nics[nb]
+                ia, ib, i_first = nics_a[c % len(nics_a)], nics_b[c % len(nics_b)], nics_a[c % len(nics_a)]
+            rt = topo.route(a, b, ia, ib)
+            links = tuple(dict.fromkeys((*rt.links, topo.nic_down[na][i_first])))
+            share[links] = share.get(links, 0.0) + 1.0 / self.channels
+            latency = self._hop_latency(rt)
+        return list(share.items()), latency
 
-    def transfer_done(self, tag: int) -> None:
-        self._k += 1
-        if self._k < self._steps:
-            self._next_step()
-            return
-        for r in range(self.p):
-            self._rank_done(r)
+    def _rank_done(self, j: int) -> None:
+        """Virtual rank j is done: so is every rank j, j + q, j + 2q, … it stands for."""
+        for r in range(j, self.p, self._q):
+            super()._rank_done(r)
 
 
 class InNetworkRun(CollectiveRun):
@@ -376,10 +404,13 @@ class PhasedRun(CollectiveRun):
 
 
 def make_run(world, dag: Spec, gpus: list[int], channels: int | None = None, protocol: str = "Simple",
-             launch_s: float = 0.0, alike: bool = False) -> CollectiveRun:
-    """The run of ``dag``; ``alike``: a ring whose hops are all alike in a symmetric run (``AlikeRingRun``)."""
+             launch_s: float = 0.0, fold: tuple[int, int] | None = None) -> CollectiveRun:
+    """The run of ``dag``; ``fold`` (period, index in ``gpus`` of the first rank on the representative's node):
+    a symmetric run's ring whose hops repeat every period ranks, folded onto one period (``FoldedRingRun``)."""
     if isinstance(dag, RingSpec):
-        return (AlikeRingRun if alike else RingRun)(world, dag, gpus, channels, protocol, launch_s)
+        if fold is not None:
+            return FoldedRingRun(world, dag, gpus, fold[0], fold[1], channels, protocol, launch_s)
+        return RingRun(world, dag, gpus, channels, protocol, launch_s)
     if isinstance(dag, InNetworkSpec):
         return InNetworkRun(world, dag, gpus, channels, protocol, launch_s)
     if isinstance(dag, PhasedSpec):

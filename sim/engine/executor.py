@@ -82,10 +82,10 @@ class _Plan(NamedTuple):
     ranks_by_node: list[list[int]]
     counted: int | None  # groups this call stands for in the summary's algorithm tally (None: not g's to count)
     cache_key: tuple | None  # key of its reusable duration (symmetric runs, cacheable kinds)
-    alike: bool  # a ring of it may run as one chain of steps (symmetric runs: Symmetry.ring_is_alike)
+    fold: tuple[int, int] | None  # its rings' fold (period, block start), its mirror groups' alike (Symmetry.ring_period)
 
 
-_NO_PEERS = _Plan([], None, [], [], [], None, None, False)
+_NO_PEERS = _Plan([], None, [], [], [], None, None, None)
 
 class TrainingExecutor:
     def __init__(self, world: World, job: TrainingJob, symmetric: bool, stragglers: dict[int, float] | None = None,
@@ -133,7 +133,8 @@ class TrainingExecutor:
         self._cross_stage_mirrors = sym.cross_stage_mirrors
         self._mirror_groups = sym.mirror_groups
         self._p2p_mirrors = sym.p2p_mirrors
-        self._ring_is_alike = sym.ring_is_alike
+        self._ring_period = sym.ring_period
+        self._block_start = sym.block_start
         self._cacheable = sym.cacheable
         self.last_loss_scale: list[dict] = []
         # Compute/communication interference: per GPU, the overlapped collectives in flight and the share
@@ -199,7 +200,7 @@ class TrainingExecutor:
         plan = self._plans.get((g, kind, op, size_bytes))
         if plan is None:
             plan = self._plans[(g, kind, op, size_bytes)] = self._plan(g, kind, op, size_bytes)
-        group, choice, servers, members, rbn, counted, cache_key, alike = plan
+        group, choice, servers, members, rbn, counted, cache_key, fold = plan
         if not group or choice is None:
             return None
         world = self.world
@@ -222,7 +223,7 @@ class TrainingExecutor:
         proto, launch = choice.protocol, choice.launch_s
         if cache_key is not None:
             t0 = self.env.now
-            yield world.run_collective_alone(factory(), members, None, proto, launch, alike).join_all()
+            yield world.run_collective_alone(factory(), members, None, proto, launch, fold).join_all()
             self._cache[cache_key] = self.env.now - t0
             return choice.label
         if not self.symmetric:
@@ -232,10 +233,11 @@ class TrainingExecutor:
                     run.join(i)  # dedicated servers are always there
             yield run.join(group.index(g))
             return choice.label
-        mine = world.run_collective_alone(factory(), members, None, proto, launch, alike)
+        mine = world.run_collective_alone(factory(), members, None, proto, launch, fold)
         if kind in KINDS:
             for mg in self._mirror_groups(g, kind):
-                world.run_collective_alone(factory(), mg + servers, None, proto, launch).join_all()
+                mg_fold = (fold[0], self._block_start(mg, g)) if fold is not None else None
+                world.run_collective_alone(factory(), mg + servers, None, proto, launch, mg_fold).join_all()
         yield mine.join_all()
         return choice.label
 
@@ -256,8 +258,9 @@ class TrainingExecutor:
         else:
             counted = self.layout.world_size // len(group) if self.layout.coords(g)[2] == 0 else None
         cache_key = (kind, op, size_bytes, tuple(group)) if self.symmetric and kind in self._cacheable else None
-        alike = not servers and self._ring_is_alike(g, kind)
-        return _Plan(group, choice, servers, group + servers, self._ranks_by_node(group), counted, cache_key, alike)
+        period = None if servers else self._ring_period(g, kind)
+        fold = (period, self._block_start(group, g)) if period is not None else None
+        return _Plan(group, choice, servers, group + servers, self._ranks_by_node(group), counted, cache_key, fold)
 
     def _ranks_by_node(self, group: list[int]) -> list[list[int]]:
         return [list(r) for r in group_shape(self.world.topology, group).ranks_by_node]

@@ -48,7 +48,7 @@ class Symmetry:
         self._group_cache: dict[tuple[int, str], tuple[int, ...]] = {}
         self._stage_cache: dict[int, list[int]] = {}
         self._mirrors: dict[tuple, list] = {}
-        self._alike: dict[tuple[int, str], bool] = {}
+        self._period: dict[tuple[int, str], int | None] = {}
         self.binding: set[int] = self._binding_links() | self._fabric_binding() if symmetric else set()
         # A leaf or pod link can bind: then the mirrors whose traffic meets g's are on any node of its stage,
         # not only on its own (``candidates``).
@@ -285,30 +285,52 @@ class Symmetry:
             self._mirrors[key] = out
         return out
 
-    def ring_is_alike(self, g: int, kind: str) -> bool:
-        """Whether a ring over g's ``kind`` group may run as one chain of steps (``AlikeRingRun``): in a
-        symmetric run, a group of g's mirrors (one stage) that no other mirrored group's collective meets on
-        a binding link, whose hops are all inside nodes or all between nodes and, between nodes, use as many
-        NICs on every node and cross no leaf or pod link that can bind. Every hop then crosses links of the
-        same capacities, loaded (by the symmetry) as the representative's own."""
+    def ring_period(self, g: int, kind: str) -> int | None:
+        """The period q onto which the rings over g's ``kind`` group and over its mirror groups fold
+        (``FoldedRingRun``), or None. In a symmetric run, groups of g's mirrors (one stage), each visiting its
+        nodes in turn with q ranks on each (q = 1: every hop between nodes, or all inside one node), so that
+        every node's q − 1 hops inside it and its hop out are alike, each with ranks on g's node (where the
+        folded ring runs), every node giving a group as many NICs, and no leaf or pod link that can bind."""
         if not self.symmetric or kind not in KINDS:
-            return False
-        hit = self._alike.get((g, kind))
-        if hit is None:
-            hit = self._alike[(g, kind)] = self._find_ring_is_alike(g, kind)
-        return hit
+            return None
+        key = (g, kind)
+        if key not in self._period:
+            self._period[key] = self._find_ring_period(g, kind)
+        return self._period[key]
 
-    def _find_ring_is_alike(self, g: int, kind: str) -> bool:
-        grp = self.group(g, kind)
-        p = len(grp)
-        if p < 2 or self.mirror_groups(g, kind):
-            return False
+    def block_start(self, group: list[int], g: int) -> int:
+        """Index in ``group`` of its first rank on g's node: where a folded ring runs (``ring_period``)."""
+        node = self.topology.node_of(g)
+        return next(i for i, x in enumerate(group) if self.topology.node_of(x) == node)
+
+    def _find_ring_period(self, g: int, kind: str) -> int | None:
+        mine = self.group(g, kind)
+        if len(mine) < 2 or self.fabric_binds:
+            return None
+        node = self.topology.node_of(g)
+        groups = [mine, *self.mirror_groups(g, kind)]
+        if not all(any(self.topology.node_of(x) == node for x in grp) for grp in groups):
+            return None
+        periods = {self._period_of(grp) for grp in groups}
+        return periods.pop() if len(periods) == 1 else None
+
+    def _period_of(self, grp: list[int]) -> int | None:
+        """q when ``grp`` visits its nodes in turn, q ranks on each, with as many NICs on each; else None."""
         topo = self.topology
+        p = len(grp)
         nodes = [topo.node_of(x) for x in grp]
-        between = {nodes[i] != nodes[(i + 1) % p] for i in range(p)}
-        if between == {True}:
-            return not self.fabric_binds and len({len(v) for v in topo.group_nics(grp).values()}) == 1
-        return between == {False}
+        if len(set(nodes)) == 1:
+            return 1
+        blocks = [nodes[0]]  # the nodes in ring order, one entry per run of consecutive ranks on one node
+        for n in nodes[1:]:
+            if n != blocks[-1]:
+                blocks.append(n)
+        q = p // len(blocks)
+        if len(set(blocks)) != len(blocks) or q * len(blocks) != p or any(nodes[i] != nodes[i - i % q] for i in range(p)):
+            return None
+        if len({len(v) for v in topo.group_nics(grp).values()}) != 1:
+            return None
+        return q
 
     def _stage_ranks(self, stage: int) -> list[int]:
         """Every rank of pipeline stage ``stage``, in rank order."""

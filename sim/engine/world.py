@@ -77,10 +77,11 @@ class World:
         return run
 
     def run_collective_alone(self, dag: Spec, gpus: list[int], channels: int | None = None,
-                             protocol: str = "Simple", launch_s: float = 0.0, alike: bool = False) -> CollectiveRun:
-        """A collective all of whose members arrive together (symmetric mirrors, benchmarks); ``alike``: a
-        ring whose hops are all alike in a symmetric run (``sim.engine.collective_runs.AlikeRingRun``)."""
-        run = make_run(self, dag, gpus, channels, protocol, launch_s, alike)
+                             protocol: str = "Simple", launch_s: float = 0.0,
+                             fold: tuple[int, int] | None = None) -> CollectiveRun:
+        """A collective all of whose members arrive together (symmetric mirrors, benchmarks); ``fold``: a ring
+        folded onto one period of its hops (``sim.engine.collective_runs.make_run``)."""
+        run = make_run(self, dag, gpus, channels, protocol, launch_s, fold)
         self.collectives_run += 1
         return run
 

@@ -416,3 +416,28 @@ def test_plan_text_says_why_a_simulated_row_has_no_figures(tmp_path):
     row.update(status="invalid", reason="this scenario needs about 4e+07 simulation events")
     assert f"  rank {row['rank']} invalid: this scenario needs about 4e+07 simulation events" in plan_text(result)
     assert "rank 1 ok" not in plan_text(result)
+
+
+def test_the_given_configuration_is_simulated_once_when_the_screen_brings_it_back(tmp_path, monkeypatch):
+    """The user's configuration, outside the first --top, is simulated beside them; when the second walk
+    (candidates within the screen's error of the best simulated one) reaches it again it is not simulated
+    a second time, nor listed twice (the Llama 3 405B example listed its given layout twice)."""
+    import sim.explore.plan as plan_mod
+
+    base = load_scenario(write(tmp_path, HAND_1P3B))
+    given = candidate_of(base)
+    real_choose, calls = plan_mod.choose, []
+
+    def choose(screened, estimators, top, resolve, beat=None, **kw):
+        chosen, counts = real_choose(screened, estimators, top, resolve, beat=beat, **kw)
+        calls.append(beat)
+        if beat is None:  # the first walk: keep the given configuration out of it
+            return [(s, r) for s, r in chosen if s.candidate != given], counts
+        again = next(s for s in screened if s.candidate == given and s.gpus == base.total_gpus)
+        return [*chosen, (again, resolve(again))], counts
+
+    monkeypatch.setattr(plan_mod, "choose", choose)
+    res = plan(str(tmp_path / "hand-1p3b.yaml"), top=1, workers=1, progress=False)
+    assert calls == [None, calls[1]] and calls[1] is not None  # both walks ran
+    assert sum(r["given"] for r in res.rows) == 1
+    assert res.stats["simulated"] == len(res.rows)

@@ -227,8 +227,11 @@ def plan(
     given_cand = candidate_of(base)
     mine = base.total_gpus
     jobs = [(resolved, None) for _, resolved in chosen]
-    given_in_top = any(s.candidate == given_cand and s.gpus == mine for s, _ in chosen)
-    if mine in gpu_counts and not given_in_top:
+    def is_given(s: Screened) -> bool:
+        return s.candidate == given_cand and s.gpus == mine
+
+    given_apart = mine in gpu_counts and not any(is_given(s) for s, _ in chosen)
+    if given_apart:
         jobs.append((base.resolved(), None))  # the user's own configuration, to compare against
     t1 = time.perf_counter()
     results = run_jobs(
@@ -240,8 +243,7 @@ def plan(
         for i, res in enumerate(done):
             if i < len(picked):
                 s = picked[i][0]
-                is_given = s.candidate == given_cand and s.gpus == mine
-                out.append(_row(res, jobs[start + i][0], s, is_given, s.candidate.label(), s.estimate.step_time_s,
+                out.append(_row(res, jobs[start + i][0], s, is_given(s), s.candidate.label(), s.estimate.step_time_s,
                                 objective))
             else:
                 label = given_cand.label() if given_cand else "given configuration"
@@ -255,6 +257,8 @@ def plan(
     best = min((r["score"] for r in rows), default=math.inf)
     if math.isfinite(best):
         more, _ = choose(screened, estimators, top, resolve, beat=best, taken=chosen, counts=counts, seen=seen)
+        if given_apart:  # already simulated as the user's own configuration: not twice
+            more = [(s, resolved) for s, resolved in more if not is_given(s)]
         if more:
             start = len(jobs)
             jobs += [(resolved, None) for _, resolved in more]

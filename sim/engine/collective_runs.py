@@ -251,7 +251,7 @@ class RingRun(CollectiveRun):
 
 
 class FoldedRingRun(RingRun):
-    """The ring of ``RingSpec`` in a symmetric run, folded onto one period of its hops (``Symmetry.ring_fold``).
+    """The ring of ``RingSpec`` in a symmetric run, folded onto one period of its hops (``Symmetry.ring_period``).
 
     Every rank of the ring mirrors the representative and joins with it; the ring visits its nodes in turn,
     q ranks on each (q − 1 hops inside the node, then one to the next node), every node alike. By the
@@ -304,11 +304,11 @@ class FoldedRingRun(RingRun):
         first = self.gpus[self._block]  # the node's first rank: receives from the node before
         na, nb = topo.node_of(a), topo.node_of(b)
         if na == nb:
-            if j == self._q - 1:  # a ring inside one node (q = 1): the hop into ``first`` is one more of them
-                rt = topo.route(a, b)
-                return [(tuple(dict.fromkeys((*rt.links, topo.gpu_down[first]))), 1.0)], self._hop_latency(rt)
             rt = topo.route(a, b)
-            return [(rt.links, 1.0)], self._hop_latency(rt)
+            links = rt.links
+            if j == self._q - 1:  # a ring inside one node (q = 1): the hop into ``first`` is one more of them
+                links = tuple(dict.fromkeys((*links, topo.gpu_down[first])))
+            return [(links, 1.0)], self._hop_latency(rt)
         share: dict[tuple[int, ...], float] = {}
         latency = 0.0
         for c in range(self.channels):

@@ -82,7 +82,7 @@ class _Plan(NamedTuple):
     ranks_by_node: list[list[int]]
     counted: int | None  # groups this call stands for in the summary's algorithm tally (None: not g's to count)
     cache_key: tuple | None  # key of its reusable duration (symmetric runs, cacheable kinds)
-    fold: tuple[int, int] | None  # its rings' fold (period, block start), its mirror groups' alike (Symmetry.ring_period)
+    fold: tuple[int, int] | None  # (period, block start) of its rings, folded (symmetric: Symmetry.ring_period)
 
 
 _NO_PEERS = _Plan([], None, [], [], [], None, None, None)

@@ -227,6 +227,7 @@ def plan(
     given_cand = candidate_of(base)
     mine = base.total_gpus
     jobs = [(resolved, None) for _, resolved in chosen]
+
     def is_given(s: Screened) -> bool:
         return s.candidate == given_cand and s.gpus == mine
 

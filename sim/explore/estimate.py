@@ -29,7 +29,7 @@ from sim.errors import ScenarioError
 from sim.explore.fabric import kind_shares, tree_oversubscribed
 from sim.parallel.layout import Layout, partition_layers, stage_layers_for
 from sim.scenario.schema import Checkpointing, Scenario, TransformerModel
-from sim.schedules.actions import SPLIT_BACKWARD
+from sim.schedules.actions import SPLIT_BACKWARD, stage_actions
 from sim.training.step_work import (
     H2D_Bps,
     accumulate_block,
@@ -346,6 +346,32 @@ class Estimator:
                                     self.training.precision)
         return [len(part) for part in partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, counts)]
 
+    def _zero2_backlog_s(self, c: Candidate, m: int, lt, scatter_s: float, rest_s: float) -> float | None:
+        """What the first stage's data-parallel stream still has to reduce-scatter once its last backward
+        ends, under ZeRO-2 with the reduce-scatters beside the compute: a flow shop over the stage's own
+        actions. A backward of n layers releases n layers' reduce-scatters (the embedding's with chunk 0's)
+        as it goes, and the stream works through them while the backward computes (the last layer's only
+        after it); a forward releases none and drains the backlog. Where the schedule runs its backwards
+        back to back (interleaved 1F1B with m·v within its warm-up: every forward first, then every
+        backward) the stream falls behind by what each backward's reduce-scatters outlast it, and all of
+        that is exposed at the end. Waits inside the stage's timeline also drain it: left out (an upper
+        bound). None for schedules that split the backward (the weight-gradient pass releases them)."""
+        if c.schedule in SPLIT_BACKWARD:
+            return None
+        p, v = c.pipeline, c.virtual_stages
+        chunks = self._chunk_layers(c)
+        c_fwd = lt.fwd + lt.tp_fwd
+        c_bwd = lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute
+        backlog = 0.0
+        for a in stage_actions(c.schedule, p, m, 0, v, c.microbatch_group, self.kernels.interleaved_all_warmup):
+            n = chunks[a.chunk * p]
+            if a.kind == "F":
+                backlog = max(0.0, backlog - n * c_fwd)
+            else:
+                work = n * scatter_s + (rest_s if a.chunk == 0 else 0.0)
+                backlog = max(backlog + work - n * c_bwd, scatter_s)
+        return backlog
+
     def _stage_layers(self, c: Candidate) -> list[int]:
         chunks = self._chunk_layers(c)
         return [sum(chunks[k * c.pipeline + s] for k in range(c.virtual_stages)) for s in range(c.pipeline)]
@@ -494,10 +520,17 @@ class Estimator:
                 sync = m * per_mb
                 after = self._param_gather_s(dp_group, held * eb, layer_weights, sh["dp"])
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
-                    exposed = max(scatter, sync - m * period)
-                    slowed = (sync - exposed) * self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads,
-                                                                  sh["dp"])
-                    dp_exposed = exposed + slowed + after
+                    share = self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads, sh["dp"])
+                    backlog = self._zero2_backlog_s(c, m, lt, scatter, per_mb - layers[0] * scatter)
+                    if backlog is None:
+                        exposed = max(scatter, sync - m * period)
+                        dp_exposed = exposed + (sync - exposed) * share + after
+                    else:
+                        # The compute its NCCL kernels slow down lengthens the backwards the stream runs
+                        # beside, and so hides as much more of the backlog: where the stream falls behind,
+                        # the step ends with it whatever the compute does.
+                        slowed = (sync - min(sync, backlog)) * share
+                        dp_exposed = max(backlog, slowed + scatter) + after
                 else:
                     dp_exposed = sync + after
             else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward

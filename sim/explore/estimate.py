@@ -521,16 +521,16 @@ class Estimator:
                 after = self._param_gather_s(dp_group, held * eb, layer_weights, sh["dp"])
                 if self.overlap_grad_sync:  # the DP stream runs beside the whole pipeline, not one backward
                     share = self.sm_share_of("reduce_scatter", "dp", dp_group, layer_grads, sh["dp"])
-                    backlog = self._zero2_backlog_s(c, m, lt, scatter, per_mb - layers[0] * scatter)
-                    if backlog is None:
+                    left = self._zero2_backlog_s(c, m, lt, scatter, per_mb - layers[0] * scatter)
+                    if left is None:
                         exposed = max(scatter, sync - m * period)
                         dp_exposed = exposed + (sync - exposed) * share + after
                     else:
                         # The compute its NCCL kernels slow down lengthens the backwards the stream runs
                         # beside, and so hides as much more of the backlog: where the stream falls behind,
                         # the step ends with it whatever the compute does.
-                        slowed = (sync - min(sync, backlog)) * share
-                        dp_exposed = max(backlog, slowed + scatter) + after
+                        slowed = (sync - min(sync, left)) * share
+                        dp_exposed = max(left, slowed + scatter) + after
                 else:
                     dp_exposed = sync + after
             else:  # DDP / ZeRO-1: one sync after the last micro-batch, bucketed on the last backward

@@ -88,6 +88,8 @@ SCREEN_LAYOUTS = (
     Candidate(1, 4, 2, 4, "gpipe", 1, 0, "selective", True),
     Candidate(8, 1, 1, 4, "1f1b", 1, 3, "none", False),  # ZeRO-3 across the nodes: gathers one layer ahead
     Candidate(4, 2, 1, 2, "1f1b", 1, 3, "selective", True),
+    Candidate(2, 2, 2, 1, "interleaved-1f1b", 2, 2, "none", True),  # ZeRO-2 under interleaving: the flow shop
+    Candidate(4, 1, 2, 1, "interleaved-1f1b", 4, 2, "selective", False),
 )
 SCREEN_TOLERANCE = 0.05  # the screen's step time vs the full simulation (measured: within 3.4 %)
 
@@ -441,3 +443,22 @@ def test_the_given_configuration_is_simulated_once_when_the_screen_brings_it_bac
     assert calls == [None, calls[1]] and calls[1] is not None  # both walks ran
     assert sum(r["given"] for r in res.rows) == 1
     assert res.stats["simulated"] == len(res.rows)
+
+
+@pytest.mark.parametrize("schedule,expect", [("gpipe", lambda e, f: 4 * e), ("1f1b", lambda e, f: 2 * e)])
+def test_screen_prices_zero_2_reduce_scatters_as_a_flow_shop_over_the_first_stages_actions(tmp_path, schedule,
+                                                                                             expect):
+    """Stage 0 of 2, four micro-batches, n layers: each backward releases n reduce-scatters of s (and the
+    embedding's r) while it computes n·b, so it leaves e = n(s − b) + r behind; a forward of n·f ≥ e drains
+    it. GPipe runs its four backwards last, back to back: 4e left. 1F1B (F0 F1 B0 F2 B1 F3 B2 B3) drains
+    after B0 and B1, and leaves B2's and B3's: 2e."""
+    from types import SimpleNamespace
+
+    est = Estimator(load_scenario(write(tmp_path, HAND_1P3B)))
+    c = Candidate(4, 1, 2, 1, schedule, 1, 2, "none", False)
+    n = est._chunk_layers(c)[0]
+    lt = SimpleNamespace(fwd=0.015, tp_fwd=0.0, bwd=0.020, recompute=0.0, tp_bwd=0.0, tp_recompute=0.0)
+    s, r = 0.030, 0.005
+    e = n * (s - lt.bwd) + r
+    assert n * lt.fwd >= e  # a forward drains what one backward leaves
+    assert est._zero2_backlog_s(c, 4, lt, s, r) == pytest.approx(expect(e, n * lt.fwd), rel=1e-12)

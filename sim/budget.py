@@ -112,6 +112,7 @@ def _dp_ring_period(sc: Scenario) -> int | None:
     """The period onto which a symmetric run folds its data-parallel rings (``Symmetry.ring_period``, less
     its mirror groups), or None: the first stage's DP group visiting its nodes in turn with as many ranks on
     each, on a tree whose leaf and pod links cannot bind (no oversubscription)."""
+    from sim.engine.symmetry import node_period
     from sim.parallel.layout import Layout
 
     par, _ = sc.require_training()
@@ -119,15 +120,7 @@ def _dp_ring_period(sc: Scenario) -> int | None:
     if c.topology.oversubscription > 1 or c.topology.pod_oversubscription > 1:
         return None
     grp = Layout(par.data * par.cp, par.tensor, par.pipeline, par.ep, par.cp, par.order).dp_group(0)
-    nodes = [x // c.gpus_per_node for x in grp]
-    n_nodes = len(set(nodes))
-    q = len(grp) // n_nodes
-    if n_nodes == 1:
-        return 1
-    # q ranks on each node, consecutive in the ring: each block of q on one node, every block on its own
-    if q * n_nodes != len(grp) or any(nodes[i] != nodes[i - i % q] for i in range(len(grp))):
-        return None
-    return q if len({nodes[i] for i in range(0, len(grp), q)}) == n_nodes else None
+    return node_period([x // c.gpus_per_node for x in grp])
 
 
 def auto_symmetric(sc: Scenario) -> bool:

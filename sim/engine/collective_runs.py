@@ -193,10 +193,12 @@ class RingRun(CollectiveRun):
     On equal links nothing changes: each step waits for its data."""
 
     def __init__(self, world, spec: RingSpec, gpus: list[int], channels: int | None = None,
-                 protocol: str = "Simple", launch_s: float = 0.0):
+                 protocol: str = "Simple", launch_s: float = 0.0, positions: int | None = None):
+        """``positions``: the ring positions run, each a sender with its own hop (all p; fewer when folded,
+        ``FoldedRingRun``)."""
         super().__init__(world, gpus, channels, spec.n, spec.n * spec.chunk_bytes, protocol, launch_s)
         self.spec = spec
-        p = len(gpus)
+        p = len(gpus) if positions is None else positions
         self._steps = spec.steps
         self._wire_bytes = spec.chunk_bytes * self._wire  # what each send puts on the wire
         self._next = [(i + 1) % p for i in range(p)]
@@ -269,16 +271,9 @@ class FoldedRingRun(RingRun):
 
     def __init__(self, world, spec: RingSpec, gpus: list[int], period: int, block: int = 0,
                  channels: int | None = None, protocol: str = "Simple", launch_s: float = 0.0):
-        super().__init__(world, spec, gpus, channels, protocol, launch_s)
-        q = self._q = period
+        super().__init__(world, spec, gpus, channels, protocol, launch_s, positions=period)
+        self._q = period
         self._block = block  # group index of the first rank on the representative's node (a multiple of q)
-        self._next = [(i + 1) % q for i in range(q)]
-        self._hop = [None] * q
-        self._sent = [0] * q
-        self._recvd = [0] * q
-        self._busy = [0] * q
-        self._recv_at = [[] for _ in range(q)]
-        self._joined_at = [0.0] * q
         self._n_joined = 0
 
     def _on_join(self, i: int) -> None:

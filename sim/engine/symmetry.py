@@ -17,6 +17,22 @@ from sim.parallel.layout import Layout
 KINDS = ("tp", "dp", "ep", "edp", "cp")  # the collective kinds whose groups have mirrors at a stage
 
 
+def node_period(nodes: list[int]) -> int | None:
+    """q when a ring whose ranks sit on ``nodes`` (in ring order) visits its nodes in turn with q ranks on
+    each (1 when all share one node), else None."""
+    p = len(nodes)
+    if len(set(nodes)) == 1:
+        return 1
+    blocks = [nodes[0]]  # the nodes in ring order, one entry per run of consecutive ranks on one node
+    for n in nodes[1:]:
+        if n != blocks[-1]:
+            blocks.append(n)
+    q = p // len(blocks)
+    if len(set(blocks)) != len(blocks) or q * len(blocks) != p or any(nodes[i] != nodes[i - i % q] for i in range(p)):
+        return None
+    return q
+
+
 class Symmetry:
     """The groups of every GPU and, in symmetric mode, the mirrored traffic to simulate."""
 
@@ -317,18 +333,8 @@ class Symmetry:
     def _period_of(self, grp: list[int]) -> int | None:
         """q when ``grp`` visits its nodes in turn, q ranks on each, with as many NICs on each; else None."""
         topo = self.topology
-        p = len(grp)
-        nodes = [topo.node_of(x) for x in grp]
-        if len(set(nodes)) == 1:
-            return 1
-        blocks = [nodes[0]]  # the nodes in ring order, one entry per run of consecutive ranks on one node
-        for n in nodes[1:]:
-            if n != blocks[-1]:
-                blocks.append(n)
-        q = p // len(blocks)
-        if len(set(blocks)) != len(blocks) or q * len(blocks) != p or any(nodes[i] != nodes[i - i % q] for i in range(p)):
-            return None
-        if len({len(v) for v in topo.group_nics(grp).values()}) != 1:
+        q = node_period([topo.node_of(x) for x in grp])
+        if q is None or len({len(v) for v in topo.group_nics(grp).values()}) != 1:
             return None
         return q
 

@@ -117,6 +117,13 @@ class Candidate:
         )
 
 
+@lru_cache(maxsize=256)
+def _first_stage_actions(schedule: str, p: int, m: int, v: int, group: int | None, all_warmup: bool) -> tuple:
+    """Stage 0's actions (``stage_actions``), built once per schedule shape: thousands of candidates share
+    a few shapes."""
+    return tuple(stage_actions(schedule, p, m, 0, v, group, all_warmup))
+
+
 @dataclass
 class Estimate:
     """Closed-form figures for one candidate (seconds per step and bytes per GPU)."""
@@ -173,6 +180,7 @@ class Estimator:
             raise ScenarioError("plan does not search mixture-of-experts or context-parallel layouts yet (its "
                                 "closed forms are dense, without context); simulate them with run or sweep", field)
         self.scenario = scenario
+        self._chunks: dict[tuple[int, int], tuple[int, ...]] = {}  # _chunk_layers, by (pipeline, chunks)
         # The scenario's sections, narrowed once (a transformer with parallel and training sections).
         self.model, self.parallel, self.training = m, par, tr
         self.dims = m.to_dims()
@@ -340,11 +348,16 @@ class Estimator:
     # ---- memory ---------------------------------------------------------------------------------
     def _chunk_layers(self, c: Candidate) -> list[int]:
         """Layers of each model chunk, in virtual-stage order (chunk × pipeline + stage), as ``sim.build``
-        splits them."""
-        given = stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages)
-        counts = stage_layer_counts(self.kernels, self.dims.layers, c.pipeline, c.virtual_stages, given,
-                                    self.training.precision)
-        return [len(part) for part in partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, counts)]
+        splits them: a function of the pipeline and its chunks only, worked out once for each."""
+        key = (c.pipeline, c.virtual_stages)
+        chunks = self._chunks.get(key)
+        if chunks is None:
+            given = stage_layers_for(self.parallel.stage_layers, c.pipeline, c.virtual_stages)
+            counts = stage_layer_counts(self.kernels, self.dims.layers, c.pipeline, c.virtual_stages, given,
+                                        self.training.precision)
+            chunks = self._chunks[key] = tuple(
+                len(part) for part in partition_layers(self.dims.layers, c.pipeline * c.virtual_stages, counts))
+        return list(chunks)
 
     def _zero2_backlog_s(self, c: Candidate, m: int, lt, scatter_s: float, rest_s: float) -> float | None:
         """What the first stage's data-parallel stream still has to reduce-scatter once its last backward
@@ -363,7 +376,7 @@ class Estimator:
         c_fwd = lt.fwd + lt.tp_fwd
         c_bwd = lt.bwd + lt.recompute + lt.tp_bwd + lt.tp_recompute
         backlog = 0.0
-        for a in stage_actions(c.schedule, p, m, 0, v, c.microbatch_group, self.kernels.interleaved_all_warmup):
+        for a in _first_stage_actions(c.schedule, p, m, v, c.microbatch_group, self.kernels.interleaved_all_warmup):
             n = chunks[a.chunk * p]
             if a.kind == "F":
                 backlog = max(0.0, backlog - n * c_fwd)

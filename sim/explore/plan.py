@@ -105,7 +105,7 @@ def _twin(a: Screened, b: Screened) -> bool:
 
 # Candidates simulated by default.
 DEFAULT_TOP = 3
-# The screen's estimates of the leading layouts err by −1.8 … +1.4 % against their simulations (GPT-3 175B
+# The screen's estimates of the leading layouts err by −1.8 … +1.6 % against their simulations (GPT-3 175B
 # on 1,024 A100, `--top 10`), about as much as such layouts lie apart, so it cannot order candidates that
 # close: once the top ones are simulated, every fitting candidate whose estimate lies within this share of
 # the best simulated score (so that it might still beat it) is simulated too, up to --top more.

@@ -280,9 +280,9 @@ class FoldedRingRun(RingRun):
         self._n_joined += 1
         if self._n_joined < self.p:
             return
-        if self.p < 2 or self._steps == 0:
-            for r in range(self.p):
-                CollectiveRun._rank_done(self, r)
+        if self._steps == 0:
+            for j in range(self._q):
+                self._rank_done(j)
             return
         now = self.world.env.now
         for j in range(self._q):

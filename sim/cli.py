@@ -8,6 +8,7 @@ it needs (the simulator, matplotlib, torch are heavy).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -188,13 +189,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from sim.outputs.replot import draw_loaded, load_result
     from sim.outputs.report import write_report
-    from sim.outputs.resultdir import ResultDir
+    from sim.outputs.resultdir import ResultDir, expand_path
 
-    src = Path(args.result_dir)
+    src = expand_path(args.result_dir, "result_dir")
     tl, summary = load_result(src)  # a missing or corrupt result is refused before anything is written
-    out = Path(args.out) if args.out else src.expanduser().resolve()
-    in_place = out.expanduser().resolve() == src.expanduser().resolve()
-    with ResultDir(out, "plot", carry=in_place) as staging:
+    out = expand_path(args.out, "--out") if args.out else src.resolve()
+    in_place = out.resolve() == src.resolve()
+    with ResultDir(out, "plot", in_place=in_place) as staging:
         names = [p.name for p in draw_loaded(tl, summary, staging, src)]
         if in_place or (staging / "summary.json").exists():
             write_report(staging, out)
@@ -282,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from sim.outputs import resultdir
+
+    resultdir.interrupt_reported = False  # a command run before in this process (tests, scripts)
     try:
         if argv and argv[0] == "calibrate":
             code = cmd_calibrate(argv[1:])
@@ -290,7 +294,8 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             args = build_parser().parse_args(argv)
             code = args.func(args)
-        sys.stdout.flush()  # a closed pipe or a full disk shows here, inside the handlers below
+        if sys.stdout is not None:  # None when started with stdout closed (`dtsim run … >&-`)
+            sys.stdout.flush()  # a closed pipe or a full disk shows here, inside the handlers below
         return code
     except ScenarioError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -300,7 +305,8 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"dtsim: simulation failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print("dtsim: interrupted", file=sys.stderr)
+        if not resultdir.interrupt_reported:  # else its line already said so
+            print("dtsim: interrupted", file=sys.stderr)
         from sim.processes import interrupt_status
 
         return interrupt_status(exc)
@@ -310,20 +316,34 @@ def _main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full disk, a read-only file system, a folder removed under us
         _silence_stdout()
         what = f"writing {e.filename}" if e.filename else "writing the output"
-        print(f"dtsim: error: {what} failed: {e.strerror or e}; free space or choose another destination",
-              file=sys.stderr)
+        print(f"dtsim: error: {what} failed: {e.strerror or e}; {_os_error_fix(e)}", file=sys.stderr)
         return 2
     except MemoryError:
         print("dtsim: error: out of memory; make the scenario smaller (fewer GPUs, micro-batches, steps)",
               file=sys.stderr)
         return 2
     except Exception as e:  # a bug in dtsim: one line for the user, the traceback on request
+        if isinstance(e, RuntimeError) and "home directory" in str(e):  # expanduser of '~NOSUCHUSER/…'
+            print("dtsim: error: a path starts with '~USER' for a user this machine does not have; write the "
+                  "path out in full", file=sys.stderr)
+            return 2
         if os.environ.get("DTSIM_TRACEBACK"):
             raise
         msg = str(e).splitlines()[0][:200] if str(e) else ""
         print(f"dtsim: internal error: {type(e).__name__}: {msg} — a bug in dtsim, please report it with the "
               "command; DTSIM_TRACEBACK=1 shows where", file=sys.stderr)
         return 1
+
+
+def _os_error_fix(e: OSError) -> str:
+    """The fix that matches an OS error met while writing outputs."""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free space or choose another destination"
+    if e.errno == errno.ENAMETOOLONG:
+        return "choose a shorter --out path"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a folder you can write to (--out)"
+    return "check the destination or choose another (--out)"
 
 
 def _silence_stdout() -> None:

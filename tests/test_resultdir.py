@@ -28,6 +28,11 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+def _leftovers(folder: Path) -> list[Path]:
+    """Staging folders of ours (mkdtemp's names) left beside the result."""
+    return [p for p in folder.glob(".r.tmp-*") if len(p.name) == len(".r.tmp-") + 8]
+
+
 def _files(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
 
@@ -36,7 +41,8 @@ def _consistent(folder: Path) -> dict:
     """The folder is one complete result: its manifest lists exactly its dtsim files, at their sizes,
     and summary.json and resolved.yaml come from the same run. Returns the summary."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    assert set(manifest["files"]) == _files(folder), (manifest["files"], _files(folder))
+    ours = _files(folder) - {"notes.txt"}  # the user's file of some tests
+    assert set(manifest["files"]) == ours, (manifest["files"], ours)
     for name, size in manifest["files"].items():
         assert (folder / name).stat().st_size == size, name
     summary = json.loads((folder / "summary.json").read_text())
@@ -55,7 +61,7 @@ def test_rerun_without_charts_drops_old_charts_and_keeps_prev(tmp_path, capsys) 
     assert _consistent(out)["global_batch"] == 16
     prev = tmp_path / "r.prev"
     assert (prev / "pipeline.png").exists() and _consistent(prev)["global_batch"] == 8
-    assert not list(tmp_path.glob(".r.tmp-*"))
+    assert not _leftovers(tmp_path)
 
 
 def test_user_files_survive_and_foreign_folders_are_refused(tmp_path, capsys) -> None:
@@ -74,26 +80,105 @@ def test_user_files_survive_and_foreign_folders_are_refused(tmp_path, capsys) ->
     assert os.listdir(home) == ["thesis.tex"]
 
 
-def test_user_pictures_are_never_taken_for_old_outputs(tmp_path, capsys) -> None:
-    """A folder of the user's own pictures is not a result folder (refused, untouched), and in a folder of
-    an older dtsim (no manifest) only dtsim's own names count as outputs: the user's PNG is carried into the
-    new result and survives a second run (it used to go to NAME.prev, then be deleted with it)."""
-    pics = tmp_path / "pics"
-    pics.mkdir()
-    (pics / "mine.png").write_text("art")
-    assert main(["run", SEED, "--out", str(pics), "--no-charts"]) == 2
-    assert "not a dtsim result" in _one_line(capsys.readouterr().err)
-    assert os.listdir(pics) == ["mine.png"]
-    old = tmp_path / "old"
-    old.mkdir()
-    (old / "summary.json").write_text("{}")
-    (old / "gantt.png").write_text("old chart")
-    (old / "holiday.png").write_text("photo")
-    for _ in range(2):
-        assert main(["run", SEED, "--out", str(old), "--no-charts"]) == 0
+def test_a_folder_without_manifest_is_never_taken_for_a_result(tmp_path, capsys) -> None:
+    """A folder of the user's own pictures, or one whose files merely carry dtsim's output names (their own
+    best.yaml, timeline.csv: they used to be taken for outputs, moved to NAME.prev and deleted by the next
+    run), has no manifest: refused with one line, every file untouched."""
+    for name, files in (("pics", {"mine.png": "art"}),
+                        ("exp", {"best.yaml": "my tuned layout", "timeline.csv": "my data", "notes.txt": "x"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        for f, text in files.items():
+            (folder / f).write_text(text)
+        for _ in range(2):
+            assert main(["run", SEED, "--out", str(folder), "--no-charts"]) == 2
+            assert "not a dtsim result" in _one_line(capsys.readouterr().err)
+        assert {f: (folder / f).read_text() for f in os.listdir(folder)} == files
+        assert not (tmp_path / f"{name}.prev").exists()
+
+
+def test_a_user_file_named_as_an_output_stays_in_prev_and_is_never_deleted(tmp_path, capsys) -> None:
+    """The user's gantt.png in a result made without charts: the rerun with charts writes its own gantt.png,
+    so the user's stays in r.prev, named on stderr; the next run refuses to replace r.prev until it is
+    moved, and nothing of the user's is lost on the way."""
+    out, prev = tmp_path / "r", tmp_path / "r.prev"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    (out / "gantt.png").write_text("my own chart")
+    (out / "notes.txt").write_text("mine")
     capsys.readouterr()
-    assert (old / "holiday.png").read_text() == "photo"
-    assert not (old / "gantt.png").exists()  # the old dtsim chart went with the old result
+    assert main(["run", SEED, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "gantt.png" in err and "r.prev" in err
+    assert (prev / "gantt.png").read_text() == "my own chart"
+    assert (out / "notes.txt").read_text() == "mine" and (out / "gantt.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 2
+    assert "gantt.png" in _one_line(capsys.readouterr().err)
+    assert (prev / "gantt.png").read_text() == "my own chart" and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_swap_that_fails_undoes_every_step(tmp_path, capsys, monkeypatch) -> None:
+    """The last rename of the swap fails (as on a mount point): the earlier result is back at r, the one
+    before at r.prev, the user's file where it was, no staging folder left, one line, exit status 2; the
+    next run works and still carries the user's file."""
+    import sim.outputs.resultdir as rd
+
+    out, prev = tmp_path / "r", tmp_path / "r.prev"
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 0
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    (out / "notes.txt").write_text("mine")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    before_prev = {f: (prev / f).read_bytes() for f in os.listdir(prev)}
+    real_rename = os.rename
+
+    def busy(src, dst):
+        if Path(src).name.startswith(".r.tmp-") and Path(dst) == out:
+            raise OSError(16, "Device or resource busy")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(rd.os, "rename", busy)
+    capsys.readouterr()
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=32"]) == 2
+    assert "unchanged" in _one_line(capsys.readouterr().err)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    assert {f: (prev / f).read_bytes() for f in os.listdir(prev)} == before_prev
+    assert not _leftovers(tmp_path)
+    monkeypatch.setattr(rd.os, "rename", real_rename)
+    assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=32"]) == 0
+    assert _consistent(out)["global_batch"] == 32 and (out / "notes.txt").read_text() == "mine"
+
+
+def test_plot_in_place_keeps_the_previous_run(tmp_path, capsys) -> None:
+    """`dtsim plot r` redraws r's charts file by file: r.prev (an earlier, different run) is untouched, r is
+    still one consistent result and the user's file in it stays."""
+    out, prev = tmp_path / "r", tmp_path / "r.prev"
+    assert main(["run", SEED, "--out", str(out), "--set", "training.global_batch=16"]) == 0
+    assert main(["run", SEED, "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    before_prev = {f: (prev / f).read_bytes() for f in os.listdir(prev)}
+    summary = (out / "summary.json").read_bytes()
+    assert main(["plot", str(out)]) == 0
+    capsys.readouterr()
+    assert {f: (prev / f).read_bytes() for f in os.listdir(prev)} == before_prev
+    assert _consistent(prev)["global_batch"] == 16 and _consistent(out)["global_batch"] == 8
+    assert (out / "summary.json").read_bytes() == summary and (out / "notes.txt").read_text() == "mine"
+    assert not _leftovers(tmp_path)
+
+
+def test_only_our_own_leftovers_are_removed(tmp_path, capsys) -> None:
+    """A killed run's staging folder (.r.tmp- and mkdtemp's eight characters) goes with the next run; the
+    user's .r.tmp-backup folder and a .draft.tmp file inside the result do not."""
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    (tmp_path / ".r.tmp-abcd1234").mkdir()
+    (tmp_path / ".r.tmp-backup").mkdir()
+    (tmp_path / ".r.tmp-backup" / "old.txt").write_text("keep")
+    (out / ".draft.tmp").write_text("mine")
+    for _ in range(2):
+        assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    capsys.readouterr()
+    assert not (tmp_path / ".r.tmp-abcd1234").exists()
+    assert (tmp_path / ".r.tmp-backup" / "old.txt").read_text() == "keep"
+    assert (out / ".draft.tmp").read_text() == "mine"
 
 
 @pytest.mark.parametrize("bad", ["file", "/dev/null", "under-file", "/proc/dtsim-x"])
@@ -138,7 +223,7 @@ def test_interrupt_while_writing_leaves_the_old_result(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert "removed the unfinished result" in err and "unchanged" in err
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
-    assert not list(tmp_path.glob(".r.tmp-*")) and not (tmp_path / "r.prev").exists()
+    assert not _leftovers(tmp_path) and not (tmp_path / "r.prev").exists()
 
 
 def test_compare_folder_is_not_named_compare_compare(tmp_path, capsys, monkeypatch) -> None:
@@ -170,10 +255,11 @@ def test_kill_at_random_points_never_leaves_a_mixed_folder(tmp_path) -> None:
         _, err = p.communicate(timeout=60)
         assert p.returncode in (0, 128 + sig, -sig), (p.returncode, err)  # 130 for SIGINT, 143 for SIGTERM
         assert "Traceback" not in err, err
+        assert sum("interrupted" in line for line in err.splitlines()) <= 1, err  # one line says it
         summary = _consistent(out)
         seen.add(summary["global_batch"])
         assert summary["global_batch"] in (16, 8)  # the old result or the new one (the scenario's own)
-        assert not list(tmp_path.glob(".r.tmp-*")), list(tmp_path.iterdir())
+        assert not _leftovers(tmp_path), list(tmp_path.iterdir())
         if (tmp_path / "r.prev").exists():
             _consistent(tmp_path / "r.prev")
 
@@ -193,7 +279,7 @@ def test_interrupt_while_writing_the_manifest_leaves_the_old_result(tmp_path, ca
     assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 130
     assert "removed the unfinished result" in capsys.readouterr().err
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
-    assert not list(tmp_path.glob(".r.tmp-*")) and not (tmp_path / "r.prev").exists()
+    assert not _leftovers(tmp_path) and not (tmp_path / "r.prev").exists()
 
 
 def test_ctrl_c_turned_into_another_error_by_a_library_is_still_an_interrupt(tmp_path, capsys, monkeypatch) -> None:
@@ -217,7 +303,7 @@ def test_ctrl_c_turned_into_another_error_by_a_library_is_still_an_interrupt(tmp
     err = capsys.readouterr().err
     assert "internal error" not in err and "removed the unfinished result" in err
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
-    assert not list(tmp_path.glob(".r.tmp-*"))
+    assert not _leftovers(tmp_path)
 
 
 def test_an_interrupt_dropped_by_a_finaliser_still_stops_and_prints_no_traceback(tmp_path, capfd) -> None:
@@ -269,7 +355,7 @@ def test_a_signal_while_the_staging_folder_is_made_leaves_nothing_behind(tmp_pat
     capsys.readouterr()
     assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 143
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
-    assert not list(tmp_path.glob(".r.tmp-*")), list(tmp_path.iterdir())
+    assert not _leftovers(tmp_path), list(tmp_path.iterdir())
 
 
 def test_a_signal_as_the_manifest_is_written_keeps_the_old_result(tmp_path, capsys, monkeypatch) -> None:
@@ -283,7 +369,7 @@ def test_a_signal_as_the_manifest_is_written_keeps_the_old_result(tmp_path, caps
     assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 130
     assert "removed the unfinished result" in capsys.readouterr().err
     assert {n: (out / n).read_bytes() for n in _files(out)} == before
-    assert not list(tmp_path.glob(".r.tmp-*"))
+    assert not _leftovers(tmp_path)
 
 
 def test_a_signal_during_the_swap_lets_it_finish_then_stops(tmp_path, capsys, monkeypatch) -> None:
@@ -298,4 +384,4 @@ def test_a_signal_during_the_swap_lets_it_finish_then_stops(tmp_path, capsys, mo
     assert main(["run", SEED, "--out", str(out), "--no-charts", "--set", "training.global_batch=16"]) == 143
     assert _consistent(out)["global_batch"] == 16
     assert _consistent(tmp_path / "r.prev")["global_batch"] == 8
-    assert not list(tmp_path.glob(".r.tmp-*"))
+    assert not _leftovers(tmp_path)

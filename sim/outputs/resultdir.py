@@ -4,21 +4,29 @@ Every command that writes a result folder (``run``, ``compare``, ``sweep``, ``pl
 through :class:`ResultDir`:
 
 1. ``ResultDir(out, command)`` checks the path *before any work* (not a file, not a device, not under a
-   file, its parent writable, and an existing folder is a dtsim result or empty) and takes an exclusive
-   lock (``.NAME.lock`` beside the folder), so a second run into the same folder fails at once with one
-   line instead of mixing files with the first (the lock file is removed when the run ends).
-2. The command writes into ``staging``, a fresh hidden folder beside ``out`` (``.NAME.tmp-XXXX``).
+   file, its parent writable, and an existing folder empty or a dtsim result: one with a manifest) and
+   takes an exclusive lock (``.NAME.lock`` beside the folder), so a second run into the same folder fails
+   at once with one line instead of mixing files with the first (the lock file is removed when the run
+   ends).
+2. The command writes into ``staging``, a fresh hidden folder beside ``out`` (``.NAME.tmp-XXXXXXXX``).
 3. ``commit()`` swaps it in by rename: the previous result becomes ``NAME.prev`` (the one before that is
-   deleted), files the user put into the folder themselves (anything dtsim did not write) are moved
-   into the new folder unchanged, and a manifest (``.dtsim-result.json``) records which files dtsim
-   wrote. Signals are held off during the swap.
+   deleted once the new result is in place), then the files the user put into the folder themselves
+   (anything its manifest does not list) move from ``NAME.prev`` into the new folder unchanged, and a
+   manifest (``.dtsim-result.json``) records which files dtsim wrote. Signals are held off during the
+   swap. If a rename fails (a mount point, a file the system will not move) every step is undone and one
+   line says so; a user's file that cannot join the new result (its name is now an output's) stays in
+   ``NAME.prev``, is named on stderr, and ``NAME.prev`` is then never deleted until it is moved away.
+   ``plot`` into its own folder (``in_place``) replaces the charts file by file and keeps ``NAME.prev``.
 4. On an error, Ctrl-C or SIGTERM the staging folder is removed, ``out`` is left as it was, and one line
    on stderr says so. A signal that arrives while the staging folder is being made, or while the result
    is being committed, is recorded and acted on when that step ends (before the swap: as above; during
-   it: the new result is in place and the command still stops as interrupted).
+   it: the new result is in place, and the command says so and still stops as interrupted).
 
 A reader therefore sees the old result or the new one, never a mix; a crash (SIGKILL, power loss)
-leaves at worst a hidden ``.NAME.tmp-*`` folder, removed by the next run into the same folder.
+leaves at worst a hidden ``.NAME.tmp-XXXXXXXX`` folder holding only dtsim's files, removed by the next
+run into the same folder. A user's file is never in such a folder: it moves only from one result folder
+to the other. A folder without a manifest is never taken for a result (dtsim could not tell its files
+from the user's), whatever its files are named.
 """
 
 from __future__ import annotations
@@ -41,18 +49,35 @@ from sim.errors import ScenarioError
 
 MANIFEST = ".dtsim-result.json"
 PREV_SUFFIX = ".prev"
-# What dtsim wrote into result folders before manifests existed (treated as dtsim's own files there): its
-# exact file names only, so a user's own pictures or notes in such a folder are never taken for outputs.
-_LEGACY_OUTPUT = re.compile(
-    r"^(summary\.json|timeline\.csv|trace\.json|resolved\.yaml|report\.html|best\.yaml"
-    r"|(compare|sweep|plan)\.(csv|txt)|(gantt|pipeline|memory|goodput|bubble_vs_m|compare|sweep)\.(png|svg)"
-    r"|\..+\.tmp)$"
-)
+# The names mkdtemp gives a staging folder (and a parked previous result) beside NAME: exactly eight
+# characters after the prefix, so a user's own ``.NAME.tmp-backup`` is never taken for a leftover of ours.
+_STAGING_TAIL = re.compile(r"^[a-z0-9_]{8}$")
+# An atomic writer's temporary file (``sim.outputs.writers.atomic_text``) for a file the manifest lists.
+_ATOMIC_TMP = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp$")
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Set once a ResultDir has told the user about an interruption (one line), so the command's own
+# "interrupted" line is not printed after it.
+interrupt_reported = False
 
 
 def _err(msg: str, field: str = "--out") -> ScenarioError:
     return ScenarioError(msg, field)
+
+
+def expand_path(path: str | os.PathLike, field: str) -> Path:
+    """``path`` with a leading ``~`` or ``~USER`` expanded; one line naming ``field`` when there is no
+    such user (Path.expanduser raises RuntimeError there)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        head = str(path).split(os.sep, 1)[0]
+        raise _err(f"{str(path)!r} starts with {head!r}, but this machine has no such user's home folder; "
+                   "write the path out in full", field) from None
+
+
+# The longest file name most file systems take (NAME_MAX), and what the staging folder adds to NAME.
+_NAME_MAX_BYTES = 255
+_STAGING_EXTRA_BYTES = len("..tmp-") + 8
 
 
 def _writable_dir(path: Path, field: str, target: Path | None = None) -> None:
@@ -84,7 +109,10 @@ def existing_ancestor(path: Path, field: str = "--out") -> Path:
 
 def check_output_file(path: str | os.PathLike, field: str, suffixes: tuple[str, ...] = ()) -> Path:
     """Check a single output file path before any work: a regular file or new, under a writable folder."""
-    p = Path(path).expanduser()
+    p = expand_path(path, field)
+    if len(p.name.encode()) > _NAME_MAX_BYTES - len(".") - 9 - len(".tmp"):  # atomic_open's temporary name
+        raise _err(f"the file name {p.name[:40]!r}… is {len(p.name.encode())} bytes long, too long for the file "
+                   "system with dtsim's temporary-file suffix; choose a shorter name", field)
     if suffixes and p.suffix not in suffixes:
         raise _err(f"{str(p)!r} must end in {' or '.join(suffixes)}", field)
     if p.exists() or p.is_symlink():
@@ -100,12 +128,11 @@ def check_output_file(path: str | os.PathLike, field: str, suffixes: tuple[str, 
     return p
 
 
-def _is_dtsim_name(name: str, listed: set[str] | None) -> bool:
-    if name == MANIFEST:
+def _is_dtsim_name(name: str, listed: set[str]) -> bool:
+    if name == MANIFEST or name in listed:
         return True
-    if listed is not None:
-        return name in listed or name.startswith(".") and name.endswith(".tmp")
-    return bool(_LEGACY_OUTPUT.match(name))
+    m = _ATOMIC_TMP.match(name)
+    return bool(m and m.group("name") in listed)
 
 
 def _manifest_files(folder: Path) -> set[str] | None:
@@ -121,30 +148,34 @@ def _manifest_files(folder: Path) -> set[str] | None:
 
 
 def is_result_folder(folder: Path) -> bool:
-    """Whether ``folder`` holds a dtsim result (a manifest, or files named as dtsim names its outputs)."""
-    if _manifest_files(folder) is not None:
-        return True
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(_LEGACY_OUTPUT.match(n) and not n.startswith(".") for n in names)
+    """Whether ``folder`` holds a dtsim result: a readable manifest. Files named as dtsim names its outputs
+    do not make one (a user's own ``best.yaml`` or ``timeline.csv`` would then be replaced, then deleted)."""
+    return _manifest_files(folder) is not None
 
 
 def user_files(folder: Path) -> list[str]:
-    """Entries of an existing result folder that dtsim did not write (the user's own)."""
-    listed = _manifest_files(folder)
+    """Entries of a result folder that dtsim did not write (the user's own); all of them without a manifest."""
+    listed = _manifest_files(folder) or set()
     return sorted(n for n in os.listdir(folder) if not _is_dtsim_name(n, listed))
+
+
+def _is_staging_leftover(path: Path, name: str) -> bool:
+    """Whether ``path`` is a staging folder (or parked result) of an earlier run into NAME."""
+    prefix = f".{name}.tmp-"
+    return (path.name.startswith(prefix) and bool(_STAGING_TAIL.match(path.name[len(prefix):]))
+            and path.is_dir() and not path.is_symlink())
 
 
 class ResultDir:
     """One transactional write of a result folder; see the module docstring."""
 
-    def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", carry: bool = False):
-        self.out = Path(out).expanduser()
+    def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", in_place: bool = False):
+        self.out = expand_path(out, field)
         self.command = command
         self.field = field
-        self.carry = carry  # start staging from the current result's files (``plot`` redraws in place)
+        # ``plot`` redrawing a result's charts in its own folder: staging starts from the result's files, and
+        # the commit replaces them file by file (the folder is the same run: NAME.prev is left alone).
+        self.in_place = in_place
         self._check_name()  # before deriving names from it: '.' or '/' has none
         self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
         self.staging: Path | None = None
@@ -167,6 +198,10 @@ class ResultDir:
         out = self.out
         if str(out) in ("", ".", "..", os.sep) or out.name in ("", ".", ".."):
             raise _err(f"{str(out)!r} is not a folder name dtsim can replace; give e.g. results/NAME", self.field)
+        if len(out.name.encode()) + _STAGING_EXTRA_BYTES > _NAME_MAX_BYTES:
+            raise _err(f"the folder name {out.name[:40]!r}… is {len(out.name.encode())} bytes long; dtsim's staging "
+                       f"folder beside it adds {_STAGING_EXTRA_BYTES}, over the file system's {_NAME_MAX_BYTES}; "
+                       "choose a shorter name", self.field)
 
     def _check(self) -> None:
         out, field = self.out, self.field
@@ -183,8 +218,9 @@ class ResultDir:
                 raise _err(f"{str(out)!r} cannot be listed ({exc.strerror}); choose another folder", field) from None
             if entries and not is_result_folder(out):
                 raise _err(
-                    f"{str(out)!r} already holds files that are not a dtsim result; "
-                    "give a new or empty folder (dtsim replaces the folder it writes)",
+                    f"{str(out)!r} already holds files and is not a dtsim result (it has no {MANIFEST} manifest, "
+                    "so dtsim cannot tell its outputs from yours); give a new or empty folder, or move those "
+                    "files away (dtsim replaces the folder it writes)",
                     field,
                 )
         existing_ancestor(out, field)
@@ -206,41 +242,14 @@ class ResultDir:
                 )
 
     def _lock(self) -> None:
-        import fcntl  # POSIX only: imported where the lock is taken, so the module loads everywhere
-
         parent = self.out.parent
         parent.mkdir(parents=True, exist_ok=True)
-        lock = parent / f".{self.out.name}.lock"
-        for _ in range(10):  # the holder removes the file on release: lock the file that is there now
-            try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError as exc:
-                raise _err(f"cannot create the lock file {str(lock)!r} ({exc.strerror}); choose another folder",
-                           self.field) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    break  # a file system without locks (some network mounts): write unlocked
-                os.close(fd)
-                raise _err(
-                    f"another dtsim is writing {str(self.out)!r} right now (lock {lock.name} held); "
-                    "wait for it to finish or choose another --out",
-                    self.field,
-                ) from None
-            try:
-                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-            except OSError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        else:
-            raise _err(f"could not lock {str(lock)!r}; try again", self.field)
-        self._lock_fd, self._lock_path = fd, lock
-        # Leftovers of a run killed outright (SIGKILL): ours to remove now that we hold the lock.
+        self._lock_fd, self._lock_path = take_lock(self.out, self.field)
+        # Leftovers of a run killed outright (SIGKILL): ours to remove now that we hold the lock. They hold
+        # only dtsim's files (a user's file moves from one result folder to the other, never through them).
         for stale in parent.glob(f".{glob_escape(self.out.name)}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+            if _is_staging_leftover(stale, self.out.name):
+                shutil.rmtree(stale, ignore_errors=True)
 
     # ---- the transaction ---------------------------------------------------------------------------
     def __enter__(self) -> Path:
@@ -249,8 +258,8 @@ class ResultDir:
         try:
             self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
             os.chmod(self.staging, 0o777 & ~_umask())
-            if self.carry and self.out.is_dir():
-                listed = _manifest_files(self.out)
+            if self.in_place and self.out.is_dir():
+                listed = _manifest_files(self.out) or set()
                 for name in os.listdir(self.out):
                     src = self.out / name
                     if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
@@ -277,6 +286,10 @@ class ResultDir:
             if exc_type is None:
                 self.commit()
                 if self._signal:  # arrived during the swap: the new result is in place; stop as asked
+                    print(f"dtsim: interrupted as the result was put in place; {str(self.out)!r} holds the new "
+                          "result" + ("" if self.in_place else f" (the previous one is {self.prev.name})"),
+                          file=sys.stderr)
+                    _reported()
                     raise KeyboardInterrupt(self._signal)
             else:
                 interrupted = bool(self._signal) or issubclass(exc_type, KeyboardInterrupt)
@@ -304,21 +317,86 @@ class ResultDir:
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)
         try:
             _fsync_dir(staging)
-            if self.out.exists():
-                for name in user_files(self.out):
-                    if not (staging / name).exists():
-                        os.rename(self.out / name, staging / name)
-                if not os.listdir(self.out):  # nothing of a previous result to keep
-                    os.rmdir(self.out)
-                else:
-                    if self.prev.exists():
-                        shutil.rmtree(self.prev)
-                    os.rename(self.out, self.prev)
-            os.rename(staging, self.out)
-            _fsync_dir(self.out.parent)
+            if self.in_place and self.out.is_dir():
+                self._replace_files(staging)
+            else:
+                self._swap(staging)
             self.staging = None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _swap(self, staging: Path) -> None:
+        """out → NAME.prev, staging → out, then the user's files from NAME.prev into out; the result before
+        (the old NAME.prev) is parked under a staging name first and deleted only once all that worked."""
+        out, prev = self.out, self.prev
+        parked: Path | None = None
+        rotated = False
+        try:
+            if out.exists() and not os.listdir(out):  # an empty folder: nothing of a previous result to keep
+                os.rmdir(out)
+            if out.exists():
+                if prev.exists():
+                    extra = user_files(prev)
+                    if extra:  # put there since the check (before the work): never delete it
+                        raise _err(f"{str(prev)!r} (the previous result, replaced by this run) now holds files "
+                                   f"dtsim did not write ({', '.join(extra[:3])}); move them away and run again",
+                                   self.field)
+                    parked = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+                    os.rename(prev, parked / prev.name)
+                os.rename(out, prev)
+                rotated = True
+            os.rename(staging, out)
+        except OSError as exc:
+            undo_failed = self._undo_swap(rotated, parked)
+            self._abort(interrupted=False)
+            state = (f"the earlier result could not be put back, see {str(parked)!r}" if undo_failed
+                     else "the earlier result is unchanged")
+            raise _err(f"could not put the new result in place at {str(out)!r} ({exc.strerror or exc}; dtsim swaps "
+                       f"whole folders by rename, which a mount point or a locked file refuses); {state}; choose "
+                       "another folder", self.field) from None
+        except BaseException:
+            self._undo_swap(rotated, parked)
+            self._abort(interrupted=False)
+            raise
+        stuck: list[str] = []
+        if rotated:
+            for name in user_files(prev):
+                if (out / name).exists() or (out / name).is_symlink():
+                    stuck.append(name)  # its name is now one of this run's outputs
+                    continue
+                try:
+                    os.rename(prev / name, out / name)
+                except OSError:
+                    stuck.append(name)
+        if parked is not None:
+            shutil.rmtree(parked, ignore_errors=True)
+        _fsync_dir(out.parent)
+        if stuck:
+            print(f"dtsim: note: your file(s) {', '.join(stuck[:5])} stayed in {str(prev)!r} (the name is now one "
+                  f"of this run's outputs, or the file could not be moved); move them away before the next run "
+                  f"into {str(out)!r}, which keeps {prev.name} until then", file=sys.stderr)
+
+    def _undo_swap(self, rotated: bool, parked: Path | None) -> bool:
+        """Put the earlier result and the one before it back after a failed swap; True if that failed too."""
+        try:
+            if rotated and not self.out.exists():
+                os.rename(self.prev, self.out)
+            if parked is not None:
+                os.rename(parked / self.prev.name, self.prev)
+                os.rmdir(parked)
+        except OSError:
+            return True
+        return False
+
+    def _replace_files(self, staging: Path) -> None:
+        """``in_place``: each file of staging replaces its namesake in out (atomic per file), the manifest
+        last; NAME.prev, the user's files and anything not redrawn stay as they are."""
+        names = [p.name for p in staging.iterdir() if p.name != MANIFEST]
+        for name in sorted(names):
+            os.replace(staging / name, self.out / name)
+        os.replace(staging / MANIFEST, self.out / MANIFEST)
+        shutil.rmtree(staging, ignore_errors=True)
+        _fsync_dir(self.out)
 
     def _write_manifest(self, staging: Path) -> None:
         files = {}
@@ -337,6 +415,7 @@ class ResultDir:
                 where = f"{str(self.out)!r} is unchanged" if self.out.exists() else f"{str(self.out)!r} was not created"
                 print(f"dtsim: interrupted; removed the unfinished result ({staging.name}); {where}",
                       file=sys.stderr)
+                _reported()
 
     # ---- signals and lock --------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -369,13 +448,59 @@ class ResultDir:
             self._old_unraisablehook = None
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            try:
-                os.unlink(self._lock_path)  # while still holding it: a waiting opener re-checks the inode
-            except OSError:
-                pass
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        release_lock(self._lock_fd, self._lock_path)
+        self._lock_fd = None
+
+
+def take_lock(target: Path, field: str) -> tuple[int | None, Path]:
+    """An exclusive lock on ``.NAME.lock`` beside ``target`` (the folder or file a command writes), taken at
+    once or refused with one line naming ``field``: two dtsim writing the same path would mix their files.
+    Returns the descriptor (None on a file system without locks: the write goes on unlocked) and the path."""
+    import fcntl  # POSIX only: imported where the lock is taken, so the module loads everywhere
+
+    lock = target.parent / f".{target.name}.lock"
+    for _ in range(10):  # the holder removes the file on release: lock the file that is there now
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise _err(f"cannot create the lock file {str(lock)!r} ({exc.strerror}); choose another folder",
+                       field) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return fd, lock  # a file system without locks (some network mounts): write unlocked
+            os.close(fd)
+            raise _err(
+                f"another dtsim is writing {str(target)!r} right now (lock {lock.name} held); "
+                f"wait for it to finish or choose another {field}",
+                field,
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except OSError:
+            same = False
+        if same:
+            return fd, lock
+        os.close(fd)
+    raise _err(f"could not lock {str(lock)!r}; try again", field)
+
+
+def release_lock(fd: int | None, lock: Path) -> None:
+    """Remove and release a lock of ``take_lock`` (removed while still held: a waiting opener re-checks
+    the inode)."""
+    if fd is None:
+        return
+    try:
+        os.unlink(lock)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _reported() -> None:
+    global interrupt_reported
+    interrupt_reported = True
 
 
 def glob_escape(name: str) -> str:

@@ -191,8 +191,8 @@ class ChartWorker:
     def _send(self, payload: bytes) -> None:
         try:
             self._conn.send_bytes(payload)
-        except (OSError, EOFError, ValueError):  # the worker died (paths() then sees no reply)
-            pass
+        except Exception:  # noqa: BLE001 - the worker died, or close() shut the pipe under this thread on
+            pass  # Ctrl-C (TypeError from a closed handle): paths() then sees no reply, the parent draws
 
     def paths(self) -> list[Path] | None:
         """Wait for the charts sent; their paths, or None when the worker failed."""

@@ -229,17 +229,20 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
 
 
 def check_budget(
-    sc: Scenario, max_events: float | None = None, flag: str = "--max-events", announce: bool = True
+    sc: Scenario, max_events: float | None = None, flag: str | None = "--max-events", announce: bool = True
 ) -> WorkEstimate:
-    """Refuse (one line, exit 2) a scenario whose estimate exceeds the budget; announce long runs."""
+    """Refuse (one line, exit 2) a scenario whose estimate exceeds the budget; announce long runs.
+    ``flag``: the option of this command that raises the budget; None where it has none (compare, sweep,
+    plan), and the advice points at ``dtsim run``, which has."""
     limit = DEFAULT_MAX_EVENTS if max_events is None else max_events
     est = estimate_work(sc)
     if est.events > limit:
         raise ScenarioError(
             f"this scenario needs about {est.events:.3g} simulation events ({est.detail}), about "
             f"{_duration(est.seconds)} and {est.memory_bytes / 1e9:.3g} GB, over the budget of {limit:.3g}; "
-            f"make it smaller (fewer steps, micro-batches, GPUs or sizes) or raise the budget with "
-            f"{flag} {_round_up(est.events)}",
+            f"make it smaller (fewer steps, micro-batches, GPUs or sizes) or "
+            + (f"raise the budget with {flag} {_round_up(est.events)}" if flag else
+               f"simulate it alone with dtsim run --max-events {_round_up(est.events)}"),
             "budget",
         )
     if announce and est.events > PROGRESS_EVENTS:

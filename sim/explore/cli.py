@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from sim.errors import ScenarioError
-from sim.explore.runner import EXECUTORS, default_workers
+from sim.explore.runner import EXECUTORS, NO_FIT, OK, default_workers
 from sim.outputs.writers import atomic_write_text
 
 # Lazy imports in the cmd_* functions and helpers below: sim.cli imports this module to build the parser of
@@ -115,10 +115,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     _check_executor(args)
     if len(args.scenarios) < 2:
-        raise ScenarioError("compare needs at least two scenario files", "compare")
+        raise ScenarioError(f"got {len(args.scenarios)} scenario file ({', '.join(args.scenarios)}); give two or more "
+                            "to compare (e.g. dtsim compare a.yaml b.yaml)", "compare")
     for path in args.scenarios:  # every file valid and of bounded size before anything runs
         try:
-            check_budget(load_scenario(path, args.set), announce=False)
+            check_budget(load_scenario(path, args.set), flag=None, announce=False)
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {exc}") from None
     labels = unique_labels([_name_of(p) for p in args.scenarios])
@@ -144,7 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.explore.sweep import NO_FIT, OK, counts, sweep, sweep_text, write_sweep
+    from sim.explore.sweep import counts, sweep, sweep_text, write_sweep
     from sim.outputs.resultdir import ResultDir
 
     _check_executor(args)
@@ -214,9 +215,18 @@ MAX_ADVISED_GPUS = 100_000  # beyond this, "try more GPUs" is no advice
 
 
 def no_winner_advice(args: argparse.Namespace, result) -> str:
-    """Why no plan candidate won, with advice that fits the GPU counts asked for."""
+    """Why no plan candidate won, with advice that fits the GPU counts asked for. When the simulated
+    candidates all failed for one reason other than memory (an event budget, a setting of the base
+    scenario), that reason is the advice: more GPUs would not help."""
     counts = list(getattr(result, "gpu_counts", None) or args.gpus or [])
     base = getattr(result, "base", None)
+    rows = list(getattr(result, "rows", None) or [])
+    failed = [r for r in rows if r.get("status") not in (OK, NO_FIT)]
+    if rows and len(failed) == len(rows):
+        kinds = {str(r.get("reason") or "").split(":", 1)[0] for r in failed}  # the field each names
+        first = str(failed[0].get("reason") or "no reason given")
+        return (f"no candidate simulates: {first}" + ("" if len(kinds) == 1 else
+                f" (other candidates fail on {len(kinds) - 1} other field(s): see the table above)"))
     if base is not None and counts:
         largest_layout = base.training.global_batch * base.cluster.gpus_per_node * base.model.layers
         if min(counts) > largest_layout:  # data ≤ batch, tensor ≤ GPUs per node, pipeline ≤ layers

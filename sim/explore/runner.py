@@ -53,7 +53,7 @@ def simulate_point(data: dict, base_dir: str | None = None) -> dict:
     t0 = time.perf_counter()
     try:
         scenario = scenario_from_dict(data, base_dir=Path(base_dir) if base_dir else None)
-        check_budget(scenario, announce=False)  # one huge point must not stall the whole sweep
+        check_budget(scenario, flag=None, announce=False)  # one huge point must not stall the sweep
         summary = simulate(scenario).summary
     except ScenarioError as exc:
         return {"status": INVALID, "reason": first_line(exc), "wall_s": time.perf_counter() - t0}

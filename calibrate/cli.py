@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from calibrate.argtypes import Parser, parse, positive_int
+from calibrate.argtypes import MAX_CPU_WORKERS, Parser, comma_items, parse, path_arg, positive_int
 from calibrate.config import SECTIONS, make_config
 from calibrate.run import CalibrationOptions
 from sim.errors import ScenarioError
@@ -23,7 +23,6 @@ from sim.processes import interrupt_status
 
 PROG = "dtsim calibrate"
 DEFAULT_OUT_DIR = Path("results") / "calibration"
-MAX_CPU_WORKERS = 64
 
 
 def _device(value: str) -> str:
@@ -33,9 +32,8 @@ def _device(value: str) -> str:
 
 
 def _sections(value: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
-    bad = [n for n in names if n not in SECTIONS]
-    if bad or not names:
+    names = tuple(dict.fromkeys(comma_items(value, "--only", "gemm,memory")))
+    if any(n not in SECTIONS for n in names):
         raise argparse.ArgumentTypeError(
             f"got {value!r}; must be a comma-separated subset of {','.join(SECTIONS)} (e.g. --only gemm,memory)"
         )
@@ -47,13 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument(
         "--gpus",
-        type=positive_int,
+        type=positive_int("--gpus", 2),
         default=None,
         help="GPUs (cuda) or worker processes (cpu) for collectives; default: all GPUs / min(4, cores)",
     )
     p.add_argument(
         "--out",
-        type=Path,
+        type=path_arg("--out", "results/cpu-profile.json"),
         default=None,
         help=f"profile path (.json) or folder; default {DEFAULT_OUT_DIR}/<device>-<model>.json. "
         "With --report: where the PNG goes",
@@ -68,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--report",
-        type=Path,
+        type=path_arg("--report", "results/calibration/cpu-profile.json"),
         default=None,
         metavar="PROFILE",
         help="print fit quality of PROFILE and plot measured vs fitted curves (no measuring)",
@@ -162,7 +160,18 @@ def _check_out(out: Path, args: argparse.Namespace) -> None:
     from sim.outputs.resultdir import check_output_file
 
     check_output_file(out, "--out", (".json",))
-    if not out.exists() or args.resume or args.force:
+    if not out.exists() or args.resume:
+        return
+    # Re-measuring over a profile saves its sections to NAME.partial.json first (calibrate.run.progress_path):
+    # one already there is an interrupted run's finished sections, or the user's own file; never overwrite it.
+    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
+    if partial.exists() or partial.is_symlink():
+        raise ScenarioError(
+            f"{str(partial)!r} exists (the finished sections of an interrupted calibration, which this run would "
+            f"save its sections over); finish it with --resume --out {partial}, or move it away",
+            field="--out",
+        )
+    if args.force:
         return
     from calibrate.profile import finished_sections, load_profile
 
@@ -179,6 +188,18 @@ def _check_out(out: Path, args: argparse.Namespace) -> None:
             "(keeping its sections), or --force to replace it",
             field="--out",
         )
+
+
+def _make_parent(out: Path) -> None:
+    """Create the folder of ``out`` (the default results/calibration, or a new one named by --out): the
+    profile would be written there anyway, and the lock beside it needs it now."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(
+            f"{str(out.parent)!r} cannot be made ({exc.strerror}); choose a folder you can write to",
+            field="--out",
+        ) from None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -214,11 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     from calibrate.launch import CalibrationError, torchrun_env
 
     out = progress = None
+    lock: tuple[int | None, Path] | None = None
     previous = _sigterm_as_interrupt()
     try:
         if args.report is not None:
             return _report(args)
         opts = _resolve(args)
+        if (torchrun_env() or (0, 1))[0] == 0:  # rank 0 writes the profile: two runs would mix their sections
+            from sim.outputs.resultdir import take_lock
+
+            _make_parent(opts.out)  # the lock file goes beside the profile: a new --out folder must exist first
+            lock = take_lock(opts.out, "--out")
         out = opts.out
         from calibrate.run import progress_path, run_calibration
 
@@ -238,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted{_kept(out, progress)}", file=sys.stderr)
         return interrupt_status(exc)
     finally:
+        if lock is not None:
+            from sim.outputs.resultdir import release_lock
+
+            release_lock(*lock)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -187,6 +187,9 @@ def plot_profile(profile: dict, png_path: str | Path) -> Path:
     fig.tight_layout()
     out = Path(png_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    from sim.outputs.writers import atomic_open
+
+    with atomic_open(out, "wb") as fh:  # an interrupted plot never leaves a truncated PNG over the last one
+        fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
     return out

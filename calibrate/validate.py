@@ -31,6 +31,8 @@ this one (the command: arguments, repeated measurement, verdicts, the table).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -38,7 +40,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from calibrate.argtypes import Parser, parse, positive_int
+from calibrate.argtypes import (
+    MAX_CPU_WORKERS,
+    Parser,
+    comma_items,
+    parse,
+    path_arg,
+    positive_int,
+    positive_seconds,
+    shown,
+)
 from calibrate.launch import CalibrationError, HostLoad, cpu_threads_per_device
 from calibrate.profile import load_profile, write_json_atomic
 from calibrate.timing import import_torch
@@ -46,6 +57,7 @@ from calibrate.validate_jobs import JOBS, ValidationJob, jobs_for, scenario_for,
 from calibrate.validate_worker import run_real
 from sim.errors import ScenarioError
 from sim.outputs.resultdir import check_output_file
+from sim.scenario.base import MAX_PARAMS
 
 __all__ = ["JOBS", "ValidationJob", "jobs_for", "main", "noise_band", "run_real", "scenario_for", "simulate_job",
            "verdict"]
@@ -70,6 +82,13 @@ BUSY_CORES = 0.1  # other processes using this many cores on average during a jo
 NOISE_MAX = 0.10
 MAX_TRIES = 3
 LOAD_PROBE_S = 1.0
+# Argument bounds. --timeout: a stall longer than a week is no timeout (and inf overflows the workers'
+# timedelta). --steps and --micro-batch: far beyond any use; they keep the memory check's sums finite.
+MAX_TIMEOUT_S = 7 * 86400.0
+MAX_STEPS = 10**6
+MAX_MICRO_BATCH = 10**9
+# fp32 bytes per parameter a training step holds: weight, gradient and Adam's two states.
+BYTES_PER_PARAM = 16
 
 
 def _fraction(value: str) -> float:
@@ -78,27 +97,38 @@ def _fraction(value: str) -> float:
     except ValueError:
         x = -1.0
     if not 0 < x < 10:
-        raise argparse.ArgumentTypeError(f"got {value!r}; must be a relative error > 0, e.g. 0.25 for 25%")
+        raise argparse.ArgumentTypeError(
+            f"got {shown(value)}; must be a relative error > 0 and < 10 (e.g. --tolerance 0.25 for 25%)"
+        )
     return x
 
 
 def _widths(value: str) -> tuple[int, ...]:
+    """MLP widths; each layer (in × out weights + out biases) within the simulator's per-layer parameter
+    bound, so the scenario built from them is valid (the error names --widths, not a model field)."""
+    items = comma_items(value, "--widths", "1024,1024,1024")
     try:
-        widths = tuple(int(v) for v in value.split(","))
+        widths = tuple(int(v) for v in items)
     except ValueError:
         widths = ()
     if len(widths) < 2 or min(widths) < 1:
         raise argparse.ArgumentTypeError(
-            f"got {value!r}; must be 2 or more positive layer widths, e.g. 1024,1024,1024"
+            f"got {shown(value)}; must be 2 or more positive whole layer widths (e.g. --widths 1024,1024,1024)"
         )
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        if a * b + b > MAX_PARAMS:
+            raise argparse.ArgumentTypeError(
+                f"got {shown(value)}; layer {i + 1} would have more than {MAX_PARAMS:.0e} parameters (in × out + "
+                "out), the most a layer may have; give smaller widths (e.g. --widths 1024,1024,1024)"
+            )
     return widths
 
 
 def _jobs(value: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
-    if not names or any(n not in JOBS for n in names):
+    names = tuple(dict.fromkeys(comma_items(value, "--only", "single,ddp")))
+    if any(n not in JOBS for n in names):
         raise argparse.ArgumentTypeError(
-            f"got {value!r}; must be a comma-separated subset of {','.join(JOBS)} (e.g. --only ddp)"
+            f"got {shown(value)}; must be a comma-separated subset of {','.join(JOBS)} (e.g. --only ddp)"
         )
     return names
 
@@ -111,28 +141,47 @@ def build_parser() -> argparse.ArgumentParser:
         "(no torch needed; see `dtsim validate --published --help`).",
     )
     p.add_argument(
-        "--profile", type=Path, required=True, help="calibration profile of this machine (dtsim calibrate)"
+        "--profile",
+        type=path_arg("--profile", "results/calibration/cpu-profile.json", has_default=False),
+        required=True,
+        help="calibration profile of this machine (dtsim calibrate)",
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: the profile's device")
     p.add_argument(
-        "--gpus", type=positive_int, default=None, help="devices (default: the profile's world size)"
+        "--gpus", type=positive_int("--gpus", 2), default=None, help="devices (default: the profile's world size)"
     )
     p.add_argument("--only", type=_jobs, default=JOBS, help=f"jobs: {','.join(JOBS)}")
     p.add_argument(
-        "--steps", type=positive_int, default=None, help="timed steps per job (default 10, quick 5)"
+        "--steps",
+        type=positive_int("--steps", 10, MAX_STEPS),
+        default=None,
+        help="timed steps per job (default 10, quick 5)",
     )
     p.add_argument("--quick", action="store_true", help="smaller model, fewer steps")
     p.add_argument("--widths", type=_widths, default=None, help="MLP layer widths, e.g. 1024,1024,1024")
-    p.add_argument("--micro-batch", type=positive_int, default=None, help="samples per device per step")
+    p.add_argument(
+        "--micro-batch",
+        type=positive_int("--micro-batch", 64, MAX_MICRO_BATCH),
+        default=None,
+        help="samples per device per step",
+    )
     p.add_argument(
         "--tolerance",
         type=_fraction,
         default=None,
         help="allowed relative error (default: 0.25 on cuda, 0.30 on cpu)",
     )
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before giving up")
     p.add_argument(
-        "--out", type=Path, default=None, help="result folder (default results/validate/<profile>)"
+        "--timeout",
+        type=positive_seconds("--timeout", 300, MAX_TIMEOUT_S),
+        default=300.0,
+        help="seconds without progress before giving up",
+    )
+    p.add_argument(
+        "--out",
+        type=path_arg("--out", "results/validate/mine"),
+        default=None,
+        help="result folder (default results/validate/<profile>)",
     )
     return p
 
@@ -149,16 +198,103 @@ def _resolve(args: argparse.Namespace) -> tuple[dict, str, int, Path]:
         )
     out = args.out or Path("results") / "validate" / args.profile.stem
     check_output_file(out / "validate.json", "--out", (".json",))  # before torch and the measurements
+    _check_not_foreign(out / "validate.json")
+    world = args.gpus or int(profile["run"].get("world_size") or 1)
+    if device == "cpu" and world > MAX_CPU_WORKERS:  # as `dtsim calibrate --gpus`: one process per device
+        raise ScenarioError(
+            f"{world} worker processes {'asked' if args.gpus else 'from the profile'}; must be <= "
+            f"{MAX_CPU_WORKERS} on cpu (e.g. --gpus 2)",
+            field="--gpus",
+        )
     torch = import_torch()
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError(f"'cuda' asked but torch {torch.__version__} sees no CUDA GPU", field="--device")
-    world = args.gpus or int(profile["run"].get("world_size") or 1)
     if device == "cuda" and world > torch.cuda.device_count():
+        n = torch.cuda.device_count()
         raise ScenarioError(
-            f"{world} asked but {torch.cuda.device_count()} GPU(s) visible; use --gpus {torch.cuda.device_count()}",
+            f"{world} {'asked' if args.gpus else 'from the profile'} but {n} GPU(s) visible; must be <= {n} "
+            f"(e.g. --gpus {n})",
             field="--gpus",
         )
     return profile, device, world, out
+
+
+def _size_option(args: argparse.Namespace) -> tuple[str, str]:
+    """The option that sized the jobs, and its value as given: what a too-large job is blamed on."""
+    if args.widths is not None:
+        return "--widths", "--widths " + ",".join(map(str, args.widths))
+    if args.micro_batch is not None:
+        return "--micro-batch", f"--micro-batch {args.micro_batch}"
+    return "--widths", "the default sizes"
+
+
+def _memory_bytes(device: str) -> int | None:
+    """Memory one device has: this machine's RAM on cpu (every worker shares it), one GPU's on cuda; None
+    where it cannot be told."""
+    if device == "cuda":
+        return int(import_torch().cuda.get_device_properties(0).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _least_bytes(job: ValidationJob, device: str) -> int:
+    """A lower bound of the memory ``job`` needs, in fp32: weights, gradients and Adam's two states of its
+    parameters, and one micro-batch's layer inputs kept for backward. On cpu all its workers together (they
+    share the machine's RAM); on cuda the fullest GPU."""
+    from sim.parallel.layout import partition_layers
+
+    layers = list(zip(job.widths[:-1], job.widths[1:], strict=True))
+    stages = partition_layers(len(layers), job.pp) if len(layers) >= job.pp else [list(range(len(layers)))]
+    per_stage = [sum(BYTES_PER_PARAM * (a * b + b) + 4 * job.micro_batch * a for a, b in (layers[i] for i in ids))
+                 for ids in stages]
+    if device == "cuda":
+        return max(per_stage)
+    return sum(per_stage) * job.dp * job.replicas
+
+
+def _check_sizes(jobs: list[ValidationJob], args: argparse.Namespace, device: str) -> None:
+    """Before any measurement: the pipeline job has a layer for each stage, and every job fits in memory
+    (a job that cannot is killed by the system or runs out of memory in a worker, after minutes)."""
+    option, value = _size_option(args)
+    for job in jobs:
+        if len(job.widths) - 1 < job.pp:
+            raise ScenarioError(
+                f"{value} gives {len(job.widths) - 1} layer, and the {job.name} job splits the layers over "
+                f"{job.pp} stages, so it needs {job.pp + 1} or more widths; give more (e.g. --widths 1024,1024,1024) "
+                f"or leave {job.name} out (--only {','.join(j.name for j in jobs if j is not job) or 'single'})",
+                field=option,
+            )
+    have = _memory_bytes(device)
+    if not have:
+        return
+    for job in jobs:
+        need = _least_bytes(job, device)
+        if need > have:
+            where = "one GPU has" if device == "cuda" else "this machine has"
+            raise ScenarioError(
+                f"with {value} the {job.name} job needs at least {need / 1e9:.3g} GB (fp32 weights, gradients, "
+                f"Adam states and activations, {job.processes} worker(s)) but {where} {have / 1e9:.3g} GB; "
+                "give smaller --widths or --micro-batch (e.g. --widths 1024,1024,1024 --micro-batch 64)",
+                field=option,
+            )
+
+
+def _check_not_foreign(path: Path) -> None:
+    """An existing validate.json is replaced only when an earlier `dtsim validate` wrote it: a file of the
+    user's own by that name is never overwritten."""
+    if not path.exists():
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ours = isinstance(data, dict) and str(data.get("command_line", "")).startswith("dtsim validate") \
+            and isinstance(data.get("jobs"), list)
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise ScenarioError(f"{str(path)!r} exists and was not written by dtsim validate; move it away or give "
+                            "another --out folder", field="--out")
 
 
 def _background_text(row: dict) -> str:
@@ -260,14 +396,14 @@ def _measure_quietly(job: ValidationJob, device: str, threads: int | None, timeo
 
 def _compare(
     job: ValidationJob,
-    profile: dict,
+    simulated: tuple[dict, dict],
     args: argparse.Namespace,
     device: str,
     threads: int | None,
     tolerance: float,
 ) -> dict:
-    """Simulate ``job``, run it for real (again while the machine is noisy), and compare median step times."""
-    scenario, summary = simulate_job(job, profile, str(args.profile.resolve()))
+    """Run the simulated ``job`` for real (again while the machine is noisy), and compare median step times."""
+    scenario, summary = simulated
     quiet = _measure_quietly(job, device, threads, args.timeout)
     real = quiet["real"]
     t = real["step_times_s"]
@@ -307,7 +443,11 @@ def main(argv: list[str] | None = None) -> int:
             run = profile["run"]
             threads = run.get("threads_per_device") or cpu_threads_per_device(run["world_size"])
         jobs = jobs_for(device, world, args.quick, args.steps, args.only, args.widths, args.micro_batch)
-        rows = [_compare(job, profile, args, device, threads, tolerance) for job in jobs]
+        _check_sizes(jobs, args, device)
+        # Every job is simulated before any is measured: a scenario the simulator refuses stops the command
+        # at once, not after minutes of measuring the jobs before it.
+        simulated = [simulate_job(job, profile, str(args.profile.resolve())) for job in jobs]
+        rows = [_compare(job, sim, args, device, threads, tolerance) for job, sim in zip(jobs, simulated, strict=True)]
     except ScenarioError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -179,3 +179,111 @@ def test_noisy_jobs_are_rerun_and_the_quietest_kept(monkeypatch):
     got = v._measure_quietly(job, "cpu", 1, 10.0)
     assert got["tries"] == 2 and got["real"]["step_times_s"] == [1.0, 1.02]
     assert got["band"] == pytest.approx(0.01 / 1.01)
+
+
+def test_a_validate_json_of_the_users_own_is_never_overwritten(tmp_path, capsys):
+    """--out/validate.json is replaced only when dtsim validate wrote it; the user's own file by that name
+    is refused before any measurement, and an earlier run's result is accepted."""
+    from calibrate.validate import _check_not_foreign
+
+    _, path = _profile(tmp_path)
+    out = tmp_path / "val"
+    out.mkdir()
+    (out / "validate.json").write_text('{"mine": 1}')
+    assert main(["--profile", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "validate.json" in err and "--out" in err
+    assert (out / "validate.json").read_text() == '{"mine": 1}'
+    (out / "validate.json").write_text(json.dumps({"command_line": "dtsim validate --profile p.json", "jobs": []}))
+    _check_not_foreign(out / "validate.json")  # ours: no error
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Fail (never measure) if a bad command line gets as far as the real jobs: it must be refused first."""
+    import calibrate.validate as v
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the bad argument was accepted and a real job started")
+
+    monkeypatch.setattr(v, "run_real", measured)
+    monkeypatch.setattr(v, "background_load", measured)
+    monkeypatch.setattr(v, "_memory_bytes", lambda device: 16 * 10**9, raising=False)  # same verdicts everywhere
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # --timeout: a finite number of seconds > 0 (inf crashed the workers; <= 0 gave up at once)
+        (["--timeout", "inf"], "argument --timeout: got 'inf'; must be a number of seconds > 0"),
+        (["--timeout", "nan"], "argument --timeout: got 'nan'"),
+        (["--timeout", "0"], "argument --timeout: got '0'"),
+        (["--timeout", "-5"], "argument --timeout: got '-5'"),
+        (["--timeout", "1e300"], "argument --timeout: got '1e300'"),
+        # --gpus on cpu: as many worker processes as dtsim calibrate allows (100000 started them all)
+        (["--gpus", "100000"], "--gpus: 100000 worker processes asked; must be <= 64 on cpu"),
+        (["--gpus", "65"], "must be <= 64 on cpu"),
+        # a count's example names the option given, not --gpus
+        (["--steps", "0"], "argument --steps: got '0'; must be a whole number >= 1 and <= 1000000 (e.g. --steps 10)"),
+        (["--steps", "-1"], "(e.g. --steps 10)"),
+        (["--steps", "abc"], "(e.g. --steps 10)"),
+        (["--micro-batch", "0"], "argument --micro-batch: got '0'; must be a whole number >= 1 and <= 1000000000 "
+                                 "(e.g. --micro-batch 64)"),
+        (["--micro-batch", "abc"], "(e.g. --micro-batch 64)"),
+        (["--micro-batch", "10000000000"], "(e.g. --micro-batch 64)"),
+        # --widths: checked up front and named, never a model field of the scenario built from it
+        (["--widths", "10000000000,10000000000"], "argument --widths: got '10000000000,10000000000'; layer 1 would "
+                                                   "have more than 1e+15 parameters"),
+        (["--widths", "1024,1024,"], "argument --widths: got '1024,1024,'; an item of the comma-separated list is "
+                                     "empty"),
+        (["--widths", "1024,,1024"], "an item of the comma-separated list is empty"),
+        (["--widths", "1000,1000"], "--widths: --widths 1000,1000 gives 1 layer, and the pipeline job"),
+        (["--widths", "100000,100000,100000"], "--widths: with --widths 100000,100000,100000 the single job needs at "
+                                               "least 640 GB"),
+        (["--micro-batch", "100000000"], "--micro-batch: with --micro-batch 100000000 the single job needs"),
+        # comma lists: an empty item is a typo, not something to drop
+        (["--only", "ddp,"], "argument --only: got 'ddp,'; an item of the comma-separated list is empty"),
+        (["--only", ",ddp"], "an item of the comma-separated list is empty"),
+        (["--only", ""], "argument --only: got ''; must name at least one item"),
+        # paths: an empty one is '.', not what was meant
+        (["--out", ""], "argument --out: got ''; must be a path, not empty"),
+        (["--tolerance", "nan"], "(e.g. --tolerance 0.25 for 25%)"),
+    ],
+)
+def test_bad_values_are_one_line_before_any_measurement(tmp_path, capsys, no_measuring, argv, needle):
+    _, path = _profile(tmp_path)
+    assert main(["--profile", str(path), "--quick", "--out", str(tmp_path / "val"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+    assert "e.g. --gpus" not in err or argv[0] == "--gpus"
+    assert not (tmp_path / "val").exists()
+
+
+def test_every_job_is_simulated_before_any_is_measured(tmp_path, capsys, no_measuring, monkeypatch):
+    """A scenario the simulator refuses for the last job stops the command before the first job runs for
+    real (it used to be found after minutes of measuring the jobs before it)."""
+    import calibrate.validate as v
+
+    real_simulate = v.simulate_job
+
+    def refuse_pipeline(job, profile, path):
+        if job.name == "pipeline":
+            raise v.ScenarioError("refused for the test", "parallel.pipeline")
+        return real_simulate(job, profile, path)
+
+    monkeypatch.setattr(v, "simulate_job", refuse_pipeline)
+    _, path = _profile(tmp_path)
+    assert main(["--profile", str(path), "--quick", "--out", str(tmp_path / "val")]) == 2
+    assert "refused for the test" in capsys.readouterr().err
+
+
+def test_memory_lower_bound_by_hand():
+    """16 bytes per fp32 parameter (weight, gradient, two Adam states) plus one micro-batch's layer inputs;
+    on cpu every worker's share, on cuda the fullest GPU."""
+    from calibrate.validate import _least_bytes
+
+    (single,) = jobs_for("cpu", 2, True, None, ("single",), (100, 10), 8)
+    assert _least_bytes(single, "cpu") == 2 * (16 * (100 * 10 + 10) + 4 * 8 * 100)
+    (pipe,) = jobs_for("cuda", 2, True, None, ("pipeline",), (100, 10, 10), 8)
+    stage0 = 16 * (100 * 10 + 10) + 4 * 2 * 100  # micro-batch 8 // 4 micro-batches
+    assert _least_bytes(pipe, "cuda") == stage0

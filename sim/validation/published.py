@@ -32,6 +32,7 @@ from sim.validation.flops import FLOP_FORMULAS
 PROG = "dtsim validate --published"
 DEFAULT_CASES = Path(__file__).with_name("published.yaml")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_CASES_BYTES = 16 << 20  # the shipped set is ~40 kB; a file far larger is not a case set
 
 
 class _Strict(BaseModel):
@@ -129,16 +130,23 @@ class CaseResult:
 
 
 def load_cases(path: str | Path = DEFAULT_CASES) -> CaseSet:
-    """The case set in ``path``, validated; a one-line ScenarioError if it is wrong."""
+    """The case set in ``path``, validated; a one-line ScenarioError naming --cases if it is wrong. The file
+    is read as the scenario loader reads a scenario (``read_capped``: size-capped, an unreadable file one
+    line) and decoded here, so a binary or non-UTF-8 file is one line too, not an internal error."""
     from sim.scenario.errors_format import one_line, to_scenario_error
-    from sim.scenario.load import parse_yaml
+    from sim.scenario.load import parse_yaml, read_capped
 
-    p = Path(path)
-    if not p.is_file():
+    name, p = show(str(path)), Path(path)
+    if not p.is_file():  # a folder, a device, a pipe (never opened: it could hang), a broken link
         state = "is not a file" if p.exists() else "no such file"
-        raise one_line(f"{show(str(path))} — {state}; give the published-cases YAML "
-                       f"(default {DEFAULT_CASES})", "--cases")
-    data = parse_yaml(p.read_text(encoding="utf-8"), show(str(path)), "--cases")
+        raise one_line(f"{name} — {state}; give the published-cases YAML (default {DEFAULT_CASES})", "--cases")
+    raw = read_capped(p, MAX_CASES_BYTES, name, "--cases", kind="case set")  # what can still go wrong reading
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise one_line(f"{name} — not a text file (byte {exc.start} is not UTF-8), not YAML at all; give the "
+                       f"published-cases YAML (default {DEFAULT_CASES})", "--cases") from None
+    data = parse_yaml(text, name, "--cases")
     if not isinstance(data, dict) or "cases" not in data:
         what = "is empty" if data is None else "has no top-level cases: list"
         raise one_line(f"{show(str(path))} — {what}; a published-cases file is a mapping with a cases: list, like "
@@ -445,8 +453,10 @@ def _check_table_out(out: Path, cases_file: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the command with ``argv`` (the arguments after 'validate'); ScenarioError → the caller's exit 2."""
+    from sim.outputs.resultdir import expand_path
+
     args = build_parser().parse_args(argv)
-    cases_file = Path(args.cases)
+    cases_file = expand_path(args.cases, "--cases")  # '--cases=~/set.yaml' reaches here unexpanded
     if args.out:
         from sim.outputs.resultdir import check_output_file
 

@@ -152,6 +152,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise
             write_results(result, staging, charts=not args.no_charts, trace=not args.no_trace,
                           trace_gz=args.trace_gz, worker=worker)
+            if args.bubble_sweep and (sc.parallel is None or sc.parallel.pipeline == 1):
+                print("dtsim: note: --bubble-sweep draws the bubble against micro-batches of a pipeline; this "
+                      "scenario has none (parallel.pipeline 1), so there is no bubble_vs_m chart", file=sys.stderr)
             if args.bubble_sweep and sc.parallel is not None and sc.parallel.pipeline > 1:
                 from sim.api import bubble_sweep
                 from sim.outputs.bubble import plot_bubble_vs_microbatches

@@ -69,3 +69,22 @@ def test_plan_names_the_cause_when_every_candidate_fails_for_it(tmp_path, capsys
     assert main(["plan", SMALL, "--set", "simulation.steps=1000000000", "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no candidate simulates: budget:" in err and "more GPUs" not in err and "fits in memory" not in err
+
+
+def test_sweep_refuses_a_set_of_a_grid_key_and_both_fit_flags(tmp_path, capsys) -> None:
+    """--set of a key the grid also sets was dropped unseen; --fit-data with --no-fit-data: the last won."""
+    out = str(tmp_path / "s")
+    assert main(["sweep", SMALL, "--grid", "parallel.tensor=1,2", "--set", "parallel.tensor=4", "--out", out]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--set parallel.tensor=4" in line and "--grid" in line
+    assert main(["sweep", SMALL, "--grid", "parallel.tensor=1,2", "--fit-data", "--no-fit-data", "--out", out]) == 2
+    assert "not allowed with" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "s").exists()
+
+
+def test_bubble_sweep_without_a_pipeline_says_why_there_is_no_chart(tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["run", str(ROOT / "scenarios" / "resnet50-dp-1xa100.yaml"), "--bubble-sweep", "--no-charts",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "--bubble-sweep" in err and "parallel.pipeline 1" in err and not list(out.glob("bubble_vs_m*"))

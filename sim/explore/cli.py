@@ -150,6 +150,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _check_executor(args)
     keys = [g.partition("=")[0].strip() for g in args.grid]
+    for item in args.set:  # the grid's value would win unseen: say so instead
+        key = item.partition("=")[0].strip()
+        if key in keys:
+            raise ScenarioError(f"--set {item} and --grid {key}=… give the same key; the grid sets it for every "
+                                f"point, so drop the --set (or add its value to the grid)", "--set")
     name = _name_of(args.scenario)
     out = Path(args.out) if args.out else Path("results") / _slug(f"sweep-{name}")
     with ResultDir(out, "sweep") as staging:
@@ -272,14 +277,15 @@ def add_explore_commands(sub) -> None:
         metavar="KEY=V1,V2,…",
         help="a key and its values (YAML each), e.g. parallel.tensor=1,2,4,8 (repeatable)",
     )
-    s.add_argument(
+    fit = s.add_mutually_exclusive_group()
+    fit.add_argument(
         "--fit-data",
         dest="fit_data",
         action="store_true",
         default=True,
         help="recompute parallel.data = GPUs/(tensor×pipeline) for each point (default)",
     )
-    s.add_argument(
+    fit.add_argument(
         "--no-fit-data",
         dest="fit_data",
         action="store_false",

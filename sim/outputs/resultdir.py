@@ -330,10 +330,11 @@ class ResultDir:
         (the old NAME.prev) is parked under a staging name first and deleted only once all that worked."""
         out, prev = self.out, self.prev
         parked: Path | None = None
-        rotated = False
+        rotated = emptied = False
         try:
             if out.exists() and not os.listdir(out):  # an empty folder: nothing of a previous result to keep
                 os.rmdir(out)
+                emptied = True
             if out.exists():
                 if prev.exists():
                     extra = user_files(prev)
@@ -347,7 +348,7 @@ class ResultDir:
                 rotated = True
             os.rename(staging, out)
         except OSError as exc:
-            undo_failed = self._undo_swap(rotated, parked)
+            undo_failed = self._undo_swap(rotated, parked, emptied)
             self._abort(interrupted=False)
             state = (f"the earlier result could not be put back, see {str(parked)!r}" if undo_failed
                      else "the earlier result is unchanged")
@@ -355,7 +356,7 @@ class ResultDir:
                        f"whole folders by rename, which a mount point or a locked file refuses); {state}; choose "
                        "another folder", self.field) from None
         except BaseException:
-            self._undo_swap(rotated, parked)
+            self._undo_swap(rotated, parked, emptied)
             self._abort(interrupted=False)
             raise
         stuck: list[str] = []
@@ -376,11 +377,14 @@ class ResultDir:
                   f"of this run's outputs, or the file could not be moved); move them away before the next run "
                   f"into {str(out)!r}, which keeps {prev.name} until then", file=sys.stderr)
 
-    def _undo_swap(self, rotated: bool, parked: Path | None) -> bool:
-        """Put the earlier result and the one before it back after a failed swap; True if that failed too."""
+    def _undo_swap(self, rotated: bool, parked: Path | None, emptied: bool = False) -> bool:
+        """Put the earlier result and the one before it back after a failed swap (and the empty folder the
+        user gave, removed to make room); True if that failed too."""
         try:
             if rotated and not self.out.exists():
                 os.rename(self.prev, self.out)
+            if emptied and not self.out.exists():
+                os.mkdir(self.out)
             if parked is not None:
                 os.rename(parked / self.prev.name, self.prev)
                 os.rmdir(parked)

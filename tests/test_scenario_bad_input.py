@@ -358,7 +358,7 @@ def _with(**sections) -> dict:
         ),
         (_with(simulation={"steps": 0}), "simulation.steps: 0 — must be ≥ 1"),
         (_with(name=".."), "not a usable folder name"),
-        (_with(name=None), "name: None — must be a string"),
+        (_with(name=None), "name: null — must be a string"),
         (_with(cluster="big"), "cluster: 'big' — must be a mapping"),
         (_with(training=None), "training: missing — a synthetic model needs a training section"),
         (_with(model={"kind": "synthetic", "layers": 8, "forward_ms": "1ms"}), "must be a finite number"),

@@ -40,6 +40,15 @@ def checkpoint_bytes(scenario: Scenario, params_total: float) -> float:
     return st["weights"] + st["optimizer"]
 
 
+def auto_interval_steps(optimum_s: float, step_s: float, work_s: float) -> int:
+    """The Daly optimum in whole steps, at most the run's own length: an optimum beyond the run (rare
+    failures; infinite when they never come) means one checkpoint, at the end, and an interval of the run's
+    length says that without rounding an astronomically large (or infinite) step count."""
+    run_steps = max(1, math.ceil(work_s / step_s - 1e-9))
+    steps = optimum_s / step_s
+    return round(steps) if steps < run_steps else run_steps  # NaN (0 × ∞) compares False: the run too
+
+
 def plan_for(scenario: Scenario, summary: Summary, params_total: float) -> tuple[rel.Plan, dict[str, Any]]:
     """The run to evaluate (checkpoint interval resolved) and the figures that went into it."""
     r, c = scenario.reliability, scenario.cluster
@@ -61,7 +70,7 @@ def plan_for(scenario: Scenario, summary: Summary, params_total: float) -> tuple
     # Whole steps between checkpoints; async needs the previous write done before the next snapshot.
     floor_steps = max(1, math.ceil(lag_s / step - 1e-9))
     if r.checkpoint.interval == "auto":
-        steps = max(floor_steps, round(optimum / step))
+        steps = max(floor_steps, auto_interval_steps(optimum, step, work))
     else:
         steps = r.checkpoint.interval
     plan = rel.Plan(work_s=work, mtbf_s=mtbf, interval_s=steps * step, checkpoint_s=block_s,
@@ -69,9 +78,10 @@ def plan_for(scenario: Scenario, summary: Summary, params_total: float) -> tuple
     exposure = (r.restart_s + plan.interval_s + block_s + lag_s) / mtbf
     if exposure > MAX_EXPOSURE:
         raise ScenarioError(
-            f"job MTBF {mtbf:.4g} s is {exposure:.0f}× shorter than a restart plus a checkpoint interval "
-            f"({r.restart_s:g} + {plan.interval_s:.4g} s): the run would practically never finish; raise the "
-            "MTBFs, or shorten restart_s or the checkpoint interval", "reliability")
+            f"job MTBF {mtbf:.4g} s — {exposure:.3g}× shorter than a restart, a checkpoint interval and a "
+            f"checkpoint ({r.restart_s:.4g} + {plan.interval_s:.4g} + {block_s + lag_s:.4g} s): the run would "
+            "practically never finish; raise the MTBFs, shorten restart_s or the checkpoint interval, or raise "
+            "checkpoint.write_GBps", "reliability")
     facts = {
         "job_mtbf_s": mtbf,
         "job_mtbf_hours": mtbf / rel.HOUR_S,

@@ -58,7 +58,10 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 
 def expected_segment_s(work_s: float, mtbf_s: float, restart_s: float) -> float:
     """Expected wall time to get through ``work_s`` seconds that a failure sends back to their start,
-    each failure costing a restart that failures can interrupt: M·e^{R/M}·(e^{w/M} − 1) (Daly 2006)."""
+    each failure costing a restart that failures can interrupt: M·e^{R/M}·(e^{w/M} − 1) (Daly 2006).
+    Its limit w for M → ∞ (a job MTBF that overflowed float64: no failures) is taken as such, not ∞ × 0."""
+    if math.isinf(mtbf_s):
+        return work_s
     return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1(work_s / mtbf_s)
 
 
@@ -115,7 +118,8 @@ def expected(plan: Plan) -> Outcome:
         wall += p.checkpoints * -math.expm1(-p.durable_lag_s / m) * seg
         wall += p.durable_lag_s  # the last checkpoint must be durable before the run is done
     failures = wall / m  # Poisson arrivals over the whole wall time (Wald's identity)
-    restart_total = failures * m * -math.expm1(-r / m)  # each failure starts one restart: E[min(R, X)]
+    # Each failure starts one restart: E[min(R, X)] (none, not 0 × ∞, when failures never come).
+    restart_total = failures * m * -math.expm1(-r / m) if failures else 0.0
     ckpt = p.checkpoints * p.checkpoint_s
     return Outcome(wall, p.work_s / wall, failures, ckpt, restart_total, wall - p.work_s - ckpt - restart_total)
 

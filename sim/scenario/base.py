@@ -48,6 +48,8 @@ MAX_PEAK_TFLOPS = 1e6
 MIN_MEMORY_GBps = 1e-3  # 1 MB/s of HBM bandwidth
 MAX_MEMORY_GBps = 1e6
 MAX_LAUNCH_US = 1e6
+MAX_NODES = 1_000_000  # ~40× the nodes of the largest clusters built (~200,000 GPUs, 8 per node)
+MAX_GPUS_PER_NODE = 1024  # above the 576 GPUs of the largest NVLink domain announced (NVL576), were it one node
 MAX_NICS_PER_NODE = 64  # DGX H100: 8 compute + 2 storage NICs; every NIC is a channel each transfer is split over
 
 
@@ -60,9 +62,37 @@ class RuleError(ValueError):
 
 
 def show(value: Any, limit: int = 60) -> str:
-    """A short repr of a user value for a one-line message (booleans as YAML writes them)."""
-    text = ("true" if value else "false") if isinstance(value, bool) else repr(value).replace("\n", " ")
+    """A short repr of a user value for a one-line message, with null, true and false spelt as YAML
+    spells them (the user wrote YAML, not Python: ``None`` would read as a string they never typed)."""
+    text = _yaml_repr(value, limit + 1).replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _yaml_repr(value: Any, budget: int, depth: int = 0) -> str:
+    """repr() with YAML's null/true/false, inside lists and mappings too; stops once ``budget``
+    characters are written (a 50,000-item list must not be rendered whole to show 60 characters)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict)):
+        if depth > 20:
+            return "…"
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        open_, close = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        parts: list[str] = []
+        used = 1
+        for key, item in items:
+            if used > budget:
+                parts.append("…")
+                break
+            text = _yaml_repr(item, budget - used, depth + 1)
+            if isinstance(value, dict):
+                text = f"{_yaml_repr(key, budget - used, depth + 1)}: {text}"
+            parts.append(text)
+            used += len(text) + 2
+        return open_ + ", ".join(parts) + close
+    return repr(value)
 
 
 def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:

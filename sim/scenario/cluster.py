@@ -9,9 +9,11 @@ from pydantic import Field, field_validator, model_validator
 from sim.hardware.gpu import GPU_ALIASES, GPU_PRESETS, GPUSpec
 from sim.hardware.links import INTER_PRESETS, INTRA_PRESETS, LinkSpec
 from sim.scenario.base import (
+    MAX_GPUS_PER_NODE,
     MAX_LATENCY_US,
     MAX_LAUNCH_US,
     MAX_NICS_PER_NODE,
+    MAX_NODES,
     MAX_PEAK_TFLOPS,
     MAX_SLOWDOWN,
     MIN_PEAK_TFLOPS,
@@ -135,8 +137,8 @@ def stragglers_from(value: Any) -> Any:
 class Cluster(_Strict):
     """The hardware: identical nodes of identical GPUs, an intra-node fabric and an inter-node network."""
 
-    nodes: int = Field(ge=1, description="number of nodes")
-    gpus_per_node: int = Field(ge=1, description="GPUs in each node")
+    nodes: int = Field(ge=1, le=MAX_NODES, description="number of nodes (at most 1,000,000)")
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs in each node (at most 1024)")
     gpu: GPUSpec = Field(
         description="GPU preset name (case-insensitive; see sim/hardware/gpu.py) or an inline GPU mapping"
     )

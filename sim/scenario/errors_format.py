@@ -7,11 +7,13 @@ and pydantic's internal markers removed), shows the offending value, states the 
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from sim.errors import ScenarioError
 from sim.scenario.schema import MODEL_KINDS, NAME_PATTERN, RuleError, did_you_mean, show
@@ -51,6 +53,16 @@ def union_tags(ann: Any) -> dict[str, type[BaseModel]]:
     return tags
 
 
+def plain_union_arms(ann: Any) -> list[Any]:
+    """The arms of a union that is not discriminated by ``kind`` (e.g. ``'auto' | int``), None left out;
+    empty for anything else. Pydantic names the arm it tried in each error's ``loc``."""
+    ann = unwrap(ann)
+    if get_origin(ann) not in (Union, types.UnionType) or union_tags(ann):
+        return []
+    arms = [a for a in get_args(ann) if a is not type(None)]
+    return arms if len(arms) > 1 else []
+
+
 def step(ann: Any, seg: Any) -> Any:
     """The annotation one level below ``ann`` at key/index ``seg``; None when ``seg`` is not allowed."""
     ann = unwrap(ann)
@@ -76,6 +88,13 @@ def clean_path(root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[Any], 
         tags = union_tags(unwrap(ann))
         if seg in tags:
             ann = tags[seg]  # pydantic's discriminated-union tag: not part of the user's path
+            continue
+        arms = plain_union_arms(ann)
+        if arms and isinstance(seg, str):
+            # pydantic's name for the union arm it tried ("literal['auto']", "constrained-int", a class
+            # name): not part of the user's path. Into a model arm the walk goes on; otherwise the error
+            # is about the union's value as a whole (see _union_rule_fix).
+            ann = next((a for a in arms if is_model(a) and a.__name__ == seg), ann)
             continue
         parent, ann = ann, step(ann, seg)
         path.append(seg)
@@ -103,6 +122,101 @@ def _describe(parent: Any, name: Any) -> str:
     return ""
 
 
+def _bounds(constraints: Any) -> dict[str, Any]:
+    """{"ge"|"gt"|"le"|"lt": bound} from a field's constraints (annotated_types objects, or a FieldInfo
+    holding them, as ``Annotated[int, Field(ge=1)]`` gives)."""
+    out: dict[str, Any] = {}
+    for c in constraints:
+        if isinstance(c, FieldInfo):
+            out.update(_bounds(c.metadata))
+            continue
+        for key in ("ge", "gt", "le", "lt"):
+            if getattr(c, key, None) is not None:
+                out[key] = getattr(c, key)
+    return out
+
+
+def _field_bounds(parent: Any, name: Any) -> dict[str, Any]:
+    parent = unwrap(parent)
+    if is_model(parent) and name in parent.model_fields:
+        return _bounds(parent.model_fields[name].metadata)
+    return {}
+
+
+def _number(bound: Any) -> str:
+    """A bound as a message writes it: whole numbers in full, decimals short (1e+09, not 1000000000.0)."""
+    if not isinstance(bound, float):
+        return str(bound)
+    short = f"{bound:g}"
+    return short if float(short) == bound else repr(bound)
+
+
+def _bound_text(bounds: Mapping[str, Any], value: Any) -> str:
+    """" ≥ 1", " ≥ 1 and ≤ 64" …: the bounds as a message writes them; an upper bound only where
+    ``value`` passes it (a huge ceiling is no help to someone who wrote 0)."""
+    ops = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    over = isinstance(value, int | float) and not isinstance(value, bool) and (
+        value > bounds.get("le", math.inf) or value >= bounds.get("lt", math.inf))
+    shown = [k for k in ops if k in bounds and (k in ("ge", "gt") or over)]
+    return " and".join(f" {ops[k]} {_number(bounds[k])}" for k in shown)
+
+
+def _int_example(bounds: Mapping[str, Any]) -> int:
+    """A whole number inside ``bounds`` for a message's example (100 where it fits)."""
+    lo = bounds.get("ge", bounds["gt"] + 1 if "gt" in bounds else 100)
+    hi = bounds.get("le", bounds["lt"] - 1 if "lt" in bounds else max(lo, 100))
+    return min(max(lo, 100), hi)
+
+
+def _arm_phrase(arm: Any, value: Any) -> tuple[str, str]:
+    """(what one arm of a plain union accepts, an example value in YAML) for a one-line message about
+    ``value``."""
+    base, meta = (get_args(arm)[0], get_args(arm)[1:]) if get_origin(arm) is Annotated else (arm, ())
+    bounds = _bounds(meta)
+    described = next((str(m.description) for m in meta if isinstance(m, FieldInfo) and m.description), "")
+    if get_origin(base) is Literal:
+        options = get_args(base)
+        return " or ".join(repr(o) for o in options), str(options[0])
+    if base is bool:
+        return "true or false", "true"
+    if base is int:
+        return f"{described or 'a whole number'}{_bound_text(bounds, value)}", str(_int_example(bounds))
+    if base is float:
+        return f"{described or 'a number'}{_bound_text(bounds, value)}", "1.5"
+    if base is str:
+        return described or "a string", "x"
+    if is_model(base):
+        return described or "a mapping", "{…}"
+    return described or getattr(base, "__name__", str(base)), "…"
+
+
+def _union_rule_fix(value: Any, ann: Any, last: str) -> tuple[str, str, str]:
+    """(value, rule, fix) for a value no arm of a plain union took: every arm's rule in one line, not
+    the first arm's alone (``0`` is not 'auto', and not a whole number ≥ 1 either)."""
+    arms = plain_union_arms(ann)
+    phrases = [_arm_phrase(arm, value) for arm in arms]
+    rule = "must be " + " or ".join(p for p, _ in phrases)
+    names = [str(o) for arm in arms for o in _literal_options(arm)]
+    hint = did_you_mean(value, names) if isinstance(value, str) else ""
+    fix = hint + "write e.g. " + " or ".join(f"{last}: {example}" for _, example in phrases)
+    return show(value), rule, fix
+
+
+def _int_rule_fix(value: Any, last: str, bounds: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(value, rule, fix) for a whole number YAML read as a decimal (``1e3``, ``4.0``), or None: out of
+    the field's bounds it is too large (small), not merely mistyped."""
+    if not (isinstance(value, float) and math.isfinite(value) and value.is_integer()):
+        return None
+    high = bounds.get("le", bounds["lt"] - 1 if "lt" in bounds else None)
+    low = bounds.get("ge", bounds["gt"] + 1 if "gt" in bounds else None)
+    if high is not None and value > high:
+        return show(value), f"too large: must be a whole number ≤ {_number(high)}", f"use {last} ≤ {_number(high)}"
+    if low is not None and value < low:
+        return show(value), f"too small: must be a whole number ≥ {_number(low)}", f"use {last} ≥ {_number(low)}"
+    return (show(value), "must be a whole number, written without a decimal point or exponent",
+            f"write {last}: {int(value)}")
+
+
 def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) -> tuple[str, str, str]:
     """(value, rule, fix) for one pydantic error."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
@@ -110,6 +224,8 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
     where = dotted(path[:-1]) or "the top level"
     if "[key]" in err["loc"]:
         return show(value), "keys here are GPU ids (whole numbers)", "write e.g. 3: 1.5"
+    if plain_union_arms(ann) and kind != "missing":
+        return _union_rule_fix(value, ann, last)
     if kind == "missing":
         desc = _describe(parent, path[-1] if path else None)
         return "missing", f"required ({desc})" if desc else "required", f"add {last}: … under {where}"
@@ -128,9 +244,12 @@ def _rule_fix(err: Mapping[str, Any], path: list[Any], ann: Any, parent: Any) ->
             did_you_mean(str(value), options) or "pick one of them",
         )
     if kind in _COMPARE:
-        bound = ctx.get(_CTX_KEY[kind])
+        bound = _number(ctx.get(_CTX_KEY[kind]))
         return show(value), f"must be {_COMPARE[kind]} {bound}", f"use a value {_COMPARE[kind]} {bound}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
+        decimal = None if not path or last.isdigit() else _int_rule_fix(value, last, _field_bounds(parent, path[-1]))
+        if decimal is not None:
+            return decimal
         if isinstance(value, str) and value.strip().isdigit():
             return show(value), "must be a whole number", "remove the quotes"
         if last.isdigit():  # a list item (or a GPU id key): the example names the field it belongs to
@@ -221,9 +340,17 @@ def to_scenario_error(
     # a misspelt key also makes the real one "missing": report the misspelling, it carries the did-you-mean
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")
     field, message = format_error(errors[0], root, origins)
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})"
+    # One value that no arm of a union took is one problem, however many arms pydantic tried.
+    problems = len({_problem_key(i, e, root) for i, e in enumerate(errors)})
+    if problems > 1:
+        message += f" (and {problems - 1} more problem{'s' * (problems > 2)})"
     return one_line(message, field or None)
+
+
+def _problem_key(index: int, err: Mapping[str, Any], root: type[BaseModel]) -> Any:
+    """The field for errors of a union's arms (one message covers them all), else the error itself."""
+    path, ann, _ = clean_path(root, err["loc"])
+    return tuple(path) if plain_union_arms(ann) and err["type"] != "missing" else index
 
 
 def one_line(message: str, field: str | None = None) -> ScenarioError:

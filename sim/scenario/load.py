@@ -177,6 +177,8 @@ def read_capped(path: str | Path, limit: int, what: str, field: str, kind: str =
     The file is opened without blocking (a FIFO cannot hang the reader), must be a regular file by
     ``fstat`` of the open file (not /dev/zero, a device or a pipe), and is read with a hard cap, so a
     file that grows or lies about its size cannot exhaust memory."""
+    if str(path) == "":  # Path("") is ".", the working directory: say what is really wrong
+        raise one_line(f"{what} — the {kind} path is empty; give the {kind}'s file", field)
     p = Path(path).expanduser()
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))

@@ -408,8 +408,12 @@ class LayersModel(_Strict):
                 presets = layer_presets()
                 key = lookup("layer-list model", data["preset"], list(presets))
                 if "layers" in data:
+                    given = data["layers"]
+                    what = f"{len(given)} layer(s)" if isinstance(given, list) else show(given)
                     raise RuleError(
-                        "layers", "(given)", "give either preset or layers, not both", "remove one of them"
+                        "layers", f"{what} beside preset {show(data['preset'])}",
+                        "give either preset or layers, not both (the preset supplies the layers)",
+                        "remove one of them",
                     )
                 layers = [_as_dict(x) for x in presets[key]()]
                 data = {"name": key, **{k: v for k, v in data.items() if k != "preset"}, "layers": layers}

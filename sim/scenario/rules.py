@@ -20,13 +20,14 @@ if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
 
 
-def _layout_fix(p: Parallel, n: int) -> str:
-    """One change of a single degree that makes data×tensor×pipeline = n, as a --set."""
+def _layout_fix(p: Parallel, n: int, tensor_ok: bool = True) -> str:
+    """One change of a single degree that makes data×tensor×pipeline = n, as a --set (never a tensor
+    width where ``tensor_ok`` is False: only transformers are split over tensor ranks)."""
     if n % (p.tensor * p.pipeline * p.cp) == 0:
         return f"--set parallel.data={n // (p.tensor * p.pipeline * p.cp)}"
     if n % (p.data * p.tensor) == 0:
         return f"--set parallel.pipeline={n // (p.data * p.tensor)}"
-    if n % (p.data * p.pipeline) == 0:
+    if n % (p.data * p.pipeline) == 0 and tensor_ok:
         return f"--set parallel.tensor={n // (p.data * p.pipeline)}"
     return f"data: {n}, tensor: 1, pipeline: 1"
 
@@ -53,7 +54,7 @@ def _layout(sc: Scenario) -> None:
             (f"data×tensor×pipeline×context = {p.data}×{p.tensor}×{p.pipeline}×{p.cp} = {p.world_size}"
              if p.cp > 1 else f"data×tensor×pipeline = {p.data}×{p.tensor}×{p.pipeline} = {p.world_size}"),
             f"must equal the GPU count nodes×gpus_per_node = {c.nodes}×{c.gpus_per_node} = {c.total_gpus}",
-            f"make the product {c.total_gpus}, e.g. {_layout_fix(p, c.total_gpus)}",
+            f"make the product {c.total_gpus}, e.g. {_layout_fix(p, c.total_gpus, isinstance(sc.model, TransformerModel))}",
         )
 
 
@@ -97,6 +98,19 @@ def _experts(sc: Scenario) -> None:
     if p.zero == 3:
         raise RuleError("parallel.zero", "3", "ZeRO-3 with expert parallelism is not modelled",
                         "use zero ≤ 2, or expert: 1")
+
+
+def _tensor_model(sc: Scenario) -> None:
+    """Tensor parallelism splits a transformer's attention and MLP (Megatron-style); synthetic and layer-list
+    models have no such split in dtsim, so tensor > 1 would only add idle GPUs: refused, not ignored."""
+    p, m = sc.parallel, sc.model
+    if p is None or p.tensor == 1 or isinstance(m, TransformerModel | CollectiveModel):
+        return
+    raise RuleError("parallel.tensor", show(p.tensor),
+                    f"tensor parallelism needs a transformer model (dtsim splits a transformer's attention and MLP "
+                    f"over the tensor ranks; a {m.kind} model has no such split)",
+                    f"set parallel.tensor: 1 (e.g. --set parallel.tensor=1 --set parallel.data={p.data * p.tensor}), "
+                    "or use a transformer model")
 
 
 def _context(sc: Scenario) -> None:
@@ -342,12 +356,15 @@ def _reliability(sc: Scenario) -> None:
     if r is None:
         return
     if sc.is_collective or t is None:
-        raise RuleError("reliability", "(given)", "failures and checkpoints apply to training runs",
+        raise RuleError("reliability", f"set for a {sc.model.kind} model",
+                        "failures and checkpoints apply to training runs",
                         "remove reliability, or simulate a training model")
     if t.tokens is None and t.train_steps is None:
-        raise RuleError("reliability", "(given)",
+        how = "training.train_steps or training.tokens" if isinstance(sc.model, TransformerModel) \
+            else "training.train_steps"
+        raise RuleError("reliability", "set, but training has neither tokens nor train_steps",
                         "goodput and expected time to train need the run's length",
-                        "set training.tokens (transformers) or training.train_steps")
+                        f"set {how}, or remove reliability")
 
 
 def _tp_comm_overlap(sc: Scenario) -> None:
@@ -375,5 +392,5 @@ def _compression(sc: Scenario) -> None:
                     "use zero ≤ 1 with training.gradient_compression, or remove the compression")
 
 
-SCENARIO_RULES = (_sections, _layout, _stages, _stage_layers, _experts, _context, _tensor, _batch, _precision, _tokens,
-                  _collective, _symmetry, _compression, _tp_comm_overlap, _reliability)
+SCENARIO_RULES = (_sections, _layout, _tensor_model, _stages, _stage_layers, _experts, _context, _tensor, _batch,
+                  _precision, _tokens, _collective, _symmetry, _compression, _tp_comm_overlap, _reliability)

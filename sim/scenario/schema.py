@@ -246,6 +246,11 @@ class Scenario(_Strict):
                 node = node.get(part) if isinstance(node, dict) else None
             if isinstance(node, dict) and node.get(key, 0) is None:
                 del node[key]
+        tr = self.training
+        if tr is not None and tr.precision != "fp8" and "fp8_recipe" not in tr.model_fields_set:
+            # Without fp8 the recipe does nothing, and given it earns a note at `dtsim run`
+            # (sim.training.step_work.stack_notes): a default must not come back from resolved.yaml as given.
+            del data["training"]["fp8_recipe"]
         return data
 
 

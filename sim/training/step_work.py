@@ -184,9 +184,12 @@ def stage_layer_counts(ks: KernelSet, n_layers: int, pipeline: int, virtual_stag
 
 def stack_notes(scenario: Scenario) -> list[str]:
     """One line per part of the scenario's layout that its software stack (``training.kernels``) could not
-    run (``KernelSet.missing``), naming the stacks that could: dtsim still simulates it, as a what-if."""
-    if scenario.model.kind != "transformer" or scenario.parallel is None or scenario.training is None:
+    run (``KernelSet.missing``), naming the stacks that could: dtsim still simulates it, as a what-if; and
+    one per setting given where it cannot apply (``no_effect_notes``)."""
+    if scenario.parallel is None or scenario.training is None:
         return []
+    if scenario.model.kind != "transformer":
+        return no_effect_notes(scenario)
     par, tr = scenario.parallel, scenario.training
     ks = KERNEL_SETS[tr.kernels]
     layout = dict(tensor=par.tensor, pipeline=par.pipeline, schedule=par.schedule, zero=par.zero,
@@ -207,6 +210,28 @@ def stack_notes(scenario: Scenario) -> list[str]:
                      "stages without a transformer layer (its head then on an earlier stage), which dtsim's "
                      "layout cannot express; simulated with the balanced split (set parallel.stage_layers to "
                      "choose the cuts)")
+    return notes + no_effect_notes(scenario)
+
+
+def no_effect_notes(scenario: Scenario) -> list[str]:
+    """One line per setting given where it cannot apply. Not refused: ``dtsim plan`` and ``sweep`` vary
+    tensor and precision over a base scenario that sets them, and the stacks themselves switch them off
+    with a warning (Megatron disables sequence parallelism at tensor 1, NeMo and Megatron-Bridge the
+    userbuffers overlap), so a run says so instead of staying silent."""
+    if scenario.parallel is None or scenario.training is None:
+        return []
+    par, tr = scenario.parallel, scenario.training
+    notes = []
+    if par.sequence_parallel and par.tensor == 1:
+        notes.append("parallel.sequence_parallel: true — has no effect with tensor 1 (Megatron disables it too, "
+                     "with a warning): there is no tensor-parallel group to split the sequence over; simulated "
+                     "without it")
+    if par.tp_comm_overlap and par.tensor == 1:
+        notes.append("parallel.tp_comm_overlap: true — has no effect with tensor 1: there are no tensor-parallel "
+                     "collectives to overlap (NeMo and Megatron-Bridge switch it off too); simulated without it")
+    if tr.precision != "fp8" and "fp8_recipe" in tr.model_fields_set:
+        notes.append(f"training.fp8_recipe: {tr.fp8_recipe} — has no effect with precision {tr.precision}: the "
+                     "recipe scales fp8 GEMMs; set training.precision: fp8 to use it, or remove fp8_recipe")
     return notes
 
 

@@ -164,6 +164,36 @@ def test_plot_in_place_keeps_the_previous_run(tmp_path, capsys) -> None:
     assert not _leftovers(tmp_path)
 
 
+def test_plot_into_an_earlier_result_makes_a_complete_replot(tmp_path, capsys) -> None:
+    """`dtsim plot a --out b` over an earlier result b: b becomes a's result (its data files byte for byte,
+    charts redrawn, a report) that `dtsim plot b` replots in turn; the old b is b.prev with the user's file
+    moved across as on every rerun; a's own files and a's user file stay in a."""
+    a, b, b_prev = tmp_path / "a", tmp_path / "r", tmp_path / "r.prev"
+    assert main(["run", SEED, "--out", str(a), "--trace-gz"]) == 0
+    assert main(["run", SEED, "--out", str(b), "--set", "training.global_batch=16"]) == 0
+    (b / "notes.txt").write_text("mine")
+    (a / "mine-in-a.txt").write_text("a's")
+    before_a = {f: (a / f).read_bytes() for f in os.listdir(a)}
+    old_b = (b / "summary.json").read_bytes()
+    assert main(["plot", str(a), "--out", str(b)]) == 0
+    capsys.readouterr()
+    for name in ("summary.json", "timeline.csv", "timeline_meta.json", "trace.json.gz", "resolved.yaml"):
+        assert (b / name).read_bytes() == (a / name).read_bytes(), name
+    assert (b / "gantt.png").read_bytes() == (a / "gantt.png").read_bytes() and (b / "report.html").exists()
+    assert _consistent(b)["global_batch"] == 8 and (b / "notes.txt").read_text() == "mine"
+    assert not (b / "mine-in-a.txt").exists()
+    assert (b_prev / "summary.json").read_bytes() == old_b and _consistent(b_prev)["global_batch"] == 16
+    assert {f: (a / f).read_bytes() for f in os.listdir(a)} == before_a
+    assert main(["plot", str(b)]) == 0  # b is a result folder of its own
+    assert main(["plot", str(b), "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "summary.json").read_bytes() == (a / "summary.json").read_bytes()
+    (a / MANIFEST).unlink()  # a folder from before manifests: its data files by name, never the user's file
+    assert main(["plot", str(a), "--out", str(tmp_path / "d")]) == 0
+    assert (tmp_path / "d" / "trace.json.gz").read_bytes() == (a / "trace.json.gz").read_bytes()
+    assert _consistent(tmp_path / "d")["global_batch"] == 8 and not (tmp_path / "d" / "mine-in-a.txt").exists()
+    assert not _leftovers(tmp_path)
+
+
 def test_only_our_own_leftovers_are_removed(tmp_path, capsys) -> None:
     """A killed run's staging folder (.r.tmp- and mkdtemp's eight characters) goes with the next run; the
     user's .r.tmp-backup folder and a .draft.tmp file inside the result do not."""

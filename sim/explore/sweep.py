@@ -133,13 +133,15 @@ def expand(
     data_fixed = "parallel.data" in keys or any(
         o.partition("=")[0].strip() == "parallel.data" for o in overrides
     )
-    start, _ = apply_overrides(base, overrides)  # a bad --set is the user's mistake: raise
+    start, set_origins = apply_overrides(base, overrides)  # a bad --set is the user's mistake: raise
     points = []
     for i, combo in enumerate(itertools.product(*(v for _, v in grid))):
         pt = Point(i, dict(zip(keys, combo, strict=True)))
         sets = [f"{k}={v}" for k, v in pt.values.items()]
         try:
-            data, origins = apply_overrides(start, sets, flag="--grid")
+            data, grid_origins = apply_overrides(start, sets, flag="--grid")
+            # a field a --set gave is named as the --set's, not only the grid's settings
+            origins = {**set_origins, **grid_origins}
         except ScenarioError as exc:
             if i == 0:  # an unknown key fails every point: report it as the user's mistake
                 raise
@@ -155,6 +157,26 @@ def expand(
             pt.reason = first_line(exc)
         points.append(pt)
     return points
+
+
+def _related(field: str, key: str) -> bool:
+    """Whether a setting of ``key`` can change ``field`` (the same key, one inside the other)."""
+    return field == key or field.startswith(key + ".") or key.startswith(field + ".")
+
+
+def base_mistake(
+    base: dict, overrides: list[str], keys: list[str], base_dir: Path | None = None
+) -> ScenarioError | None:
+    """The error of the base scenario with the --set settings alone, when no grid key touches the field it
+    names; else None. Called once every point failed: such an error is the --set's (or the file's), and
+    reporting it as the first grid point's sent the user to the grid."""
+    start, origins = apply_overrides(base, overrides)
+    try:
+        scenario_from_dict(start, base_dir=base_dir, origins=origins)
+    except ScenarioError as exc:
+        if exc.field and not any(_related(exc.field, k) for k in keys):
+            return exc
+    return None
 
 
 def sweep(
@@ -173,6 +195,10 @@ def sweep(
     base = read_scenario_file(path)
     base_dir = Path(path).expanduser().resolve().parent
     points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
+    if not any(p.scenario is not None for p in points):
+        base_error = base_mistake(base, overrides or [], [k for k, _ in grid], base_dir)
+        if base_error is not None:
+            raise base_error
     todo = [p for p in points if p.scenario is not None]
     results = run_jobs(
         [(p.scenario, None) for p in todo if p.scenario is not None],

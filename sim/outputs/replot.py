@@ -16,6 +16,9 @@ from sim.errors import ScenarioError
 from sim.outputs.charts import draw_all
 from sim.outputs.timeline_meta import FILE, apply_timeline_meta, read_timeline_meta
 
+# What a run's result is made of besides its charts and report (for a folder without a manifest, where
+# nothing else can be told from the user's files): ``dtsim plot A --out B`` copies these into B.
+DATA_FILES = ("summary.json", "timeline.csv", "timeline_meta.json", "trace.json", "trace.json.gz", "resolved.yaml")
 _CSV_READ = ("gpu", "stream", "name", "category", "start_s", "dur_s", "microbatch", "bytes")  # columns read back
 
 

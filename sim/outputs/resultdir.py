@@ -16,7 +16,9 @@ through :class:`ResultDir`:
    swap. If a rename fails (a mount point, a file the system will not move) every step is undone and one
    line says so; a user's file that cannot join the new result (its name is now an output's) stays in
    ``NAME.prev``, is named on stderr, and ``NAME.prev`` is then never deleted until it is moved away.
-   ``plot`` into its own folder (``in_place``) replaces the charts file by file and keeps ``NAME.prev``.
+   ``plot`` into its own folder (``in_place``) replaces the charts file by file and keeps ``NAME.prev``;
+   ``plot`` into another folder starts its staging folder from copies of the source result's files
+   (``seed_files``), so the new result is whole: a folder ``dtsim plot`` can replot in turn.
 4. On an error, Ctrl-C or SIGTERM the staging folder is removed, ``out`` is left as it was, and one line
    on stderr says so. A signal that arrives while the staging folder is being made, or while the result
    is being committed, is recorded and acted on when that step ends (before the swap: as above; during
@@ -40,7 +42,7 @@ import signal
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,17 @@ def user_files(folder: Path) -> list[str]:
     return sorted(n for n in os.listdir(folder) if not _is_dtsim_name(n, listed))
 
 
+def result_files(folder: Path, fallback: tuple[str, ...] = ()) -> list[Path]:
+    """dtsim's own files of a result folder, to carry into a new result: those its manifest lists (top
+    level, regular, not hidden). Without a manifest (a folder from before manifests) only the names in
+    ``fallback`` that are regular files there: anything else may be the user's."""
+    listed = _manifest_files(folder)
+    names = sorted(os.listdir(folder)) if listed is not None else [n for n in fallback if (folder / n).exists()]
+    return [folder / n for n in names
+            if n != MANIFEST and not n.startswith(".") and (listed is None or _is_dtsim_name(n, listed))
+            and (folder / n).is_file()]
+
+
 def _is_staging_leftover(path: Path, name: str) -> bool:
     """Whether ``path`` is a staging folder (or parked result) of an earlier run into NAME."""
     prefix = f".{name}.tmp-"
@@ -169,13 +182,17 @@ def _is_staging_leftover(path: Path, name: str) -> bool:
 class ResultDir:
     """One transactional write of a result folder; see the module docstring."""
 
-    def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", in_place: bool = False):
+    def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", in_place: bool = False,
+                 seed_files: Sequence[Path] = ()):
         self.out = expand_path(out, field)
         self.command = command
         self.field = field
         # ``plot`` redrawing a result's charts in its own folder: staging starts from the result's files, and
         # the commit replaces them file by file (the folder is the same run: NAME.prev is left alone).
         self.in_place = in_place
+        # Files of another result that staging starts from (copies, never links: the two folders must not
+        # share a file a user may edit in place); the commit then swaps the folder in as usual.
+        self.seed_files = list(seed_files)
         self._check_name()  # before deriving names from it: '.' or '/' has none
         self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
         self.staging: Path | None = None
@@ -259,11 +276,14 @@ class ResultDir:
             self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
             os.chmod(self.staging, 0o777 & ~_umask())
             if self.in_place and self.out.is_dir():
-                listed = _manifest_files(self.out) or set()
-                for name in os.listdir(self.out):
-                    src = self.out / name
-                    if name != MANIFEST and _is_dtsim_name(name, listed) and src.is_file() and not name.startswith("."):
-                        _link_or_copy(src, self.staging / name)
+                for src in result_files(self.out):
+                    _link_or_copy(src, self.staging / src.name)
+            for src in self.seed_files:
+                try:
+                    shutil.copy2(src, self.staging / src.name)
+                except OSError as exc:
+                    raise _err(f"{str(src)!r} could not be copied into the new result ({exc.strerror or exc}); "
+                               f"{str(self.out)!r} is unchanged; make it readable and run again", self.field) from None
             if self._signal:  # asked to stop while the folder was being set up
                 raise KeyboardInterrupt(self._signal)
         except BaseException as exc:  # no __exit__ will run: undo what was set up

@@ -21,15 +21,21 @@ if TYPE_CHECKING:
 
 
 def _layout_fix(p: Parallel, n: int, tensor_ok: bool = True) -> str:
-    """One change of a single degree that makes data×tensor×pipeline = n, as a --set (never a tensor
-    width where ``tensor_ok`` is False: only transformers are split over tensor ranks)."""
-    if n % (p.tensor * p.pipeline * p.cp) == 0:
-        return f"--set parallel.data={n // (p.tensor * p.pipeline * p.cp)}"
-    if n % (p.data * p.tensor) == 0:
-        return f"--set parallel.pipeline={n // (p.data * p.tensor)}"
-    if n % (p.data * p.pipeline) == 0 and tensor_ok:
-        return f"--set parallel.tensor={n // (p.data * p.pipeline)}"
-    return f"data: {n}, tensor: 1, pipeline: 1"
+    """--set settings that make data×tensor×pipeline×context = n: one degree changed where one can be
+    (context parallelism counts in every product: a fix that ignored it would miss n by that factor), else
+    data = n/context on one tensor rank and one stage. Never a tensor width where ``tensor_ok`` is False:
+    only transformers are split over tensor ranks."""
+    d, t, pp, c = p.data, p.tensor, p.pipeline, p.cp
+    if n % (t * pp * c) == 0:
+        return f"--set parallel.data={n // (t * pp * c)}"
+    if n % (d * t * c) == 0:
+        return f"--set parallel.pipeline={n // (d * t * c)}"
+    if n % (d * pp * c) == 0 and tensor_ok:
+        return f"--set parallel.tensor={n // (d * pp * c)}"
+    keep_c = n % c == 0  # keep context parallelism where n allows it
+    wanted = {"data": n // c if keep_c else n, "tensor": 1, "pipeline": 1, "context": c if keep_c else 1}
+    have = {"data": d, "tensor": t, "pipeline": pp, "context": c}
+    return " ".join(f"--set parallel.{k}={v}" for k, v in wanted.items() if v != have[k])
 
 
 def _sections(sc: Scenario) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -89,6 +91,35 @@ def path_arg(option: str, example: str, has_default: bool = True) -> Callable[[s
             ) from None
 
     return parse_path
+
+
+@dataclass(frozen=True)
+class OutPath:
+    """An output option's path and whether it was written as a folder: ``Path('new/')`` drops the
+    trailing slash, which is the only sign that a folder not made yet is meant."""
+
+    path: Path
+    folder: bool
+
+    def __str__(self) -> str:
+        """The path as the user wrote it (with its slash): what an error message must show."""
+        return str(self.path) + (os.sep if self.folder and str(self.path) != os.sep else "")
+
+
+def ends_in_separator(value: str) -> bool:
+    """Whether ``value`` names a folder by its last character ('new/', or 'new\\' on Windows)."""
+    return value.endswith(os.sep) or bool(os.altsep and value.endswith(os.altsep))
+
+
+def out_path_arg(option: str, example: str) -> Callable[[str], OutPath]:
+    """The type of an output option that takes a file or a folder: a path as :func:`path_arg`, and
+    whether it ends in a separator (a folder, to be made if it does not exist)."""
+    parse_path = path_arg(option, example)
+
+    def parse_out(value: str) -> OutPath:
+        return OutPath(parse_path(value), ends_in_separator(value))
+
+    return parse_out
 
 
 def comma_items(value: str, option: str, example: str) -> list[str]:

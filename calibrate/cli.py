@@ -15,9 +15,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from calibrate.argtypes import MAX_CPU_WORKERS, Parser, comma_items, parse, path_arg, positive_int
+from calibrate.argtypes import (
+    MAX_CPU_WORKERS,
+    OutPath,
+    Parser,
+    comma_items,
+    out_path_arg,
+    parse,
+    path_arg,
+    positive_int,
+)
 from calibrate.config import SECTIONS, make_config
-from calibrate.run import CalibrationOptions
+from calibrate.progress import note
+from calibrate.run import CalibrationOptions, resume_starts_new
 from sim.errors import ScenarioError
 from sim.processes import interrupt_status
 
@@ -51,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out",
-        type=path_arg("--out", "results/cpu-profile.json"),
+        type=out_path_arg("--out", "results/cpu-profile.json"),
         default=None,
-        help=f"profile path (.json) or folder; default {DEFAULT_OUT_DIR}/<device>-<model>.json. "
-        "With --report: where the PNG goes",
+        help=f"profile path (.json) or folder (a new one ends in /); default "
+        f"{DEFAULT_OUT_DIR}/<device>-<model>.json. With --report: where the PNG goes",
     )
     p.add_argument("--quick", action="store_true", help="a small sweep (about two minutes)")
     p.add_argument("--only", type=_sections, default=SECTIONS, help=f"sections to run: {','.join(SECTIONS)}")
@@ -97,17 +107,10 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
     from calibrate.launch import torchrun_env, usable_cores
     from calibrate.metadata import cpu_model
 
-    out = args.out
-    if out is not None and not (out.is_dir() or str(out).endswith(os.sep)) and out.suffix != ".json":
-        raise ScenarioError(  # checked first: a wrong path should not wait for torch or the devices
-            f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/cpu-profile.json)",
-            field="--out",
-        )
-    if out is not None and not (out.is_dir() or str(out).endswith(os.sep)):
-        from sim.outputs.resultdir import check_output_file
-
-        check_output_file(out, "--out", (".json",))  # before torch and the devices: fail fast
-        _check_out(out, args)
+    target: OutPath | None = args.out
+    folder = target is not None and (target.folder or target.path.is_dir())
+    if target is not None:  # checked first: a wrong path should not wait for torch or the devices
+        _check_out_target(target, folder, args)
     torch = _torch()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launched = torchrun_env()
@@ -143,16 +146,31 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
             )
         world = launched[1]
     default_name = f"{device}-{slug(name)}" + (f"-x{world}" if device == "cuda" else "") + ".json"
-    out = args.out or DEFAULT_OUT_DIR / default_name
-    if out.is_dir() or str(out).endswith(os.sep):
-        out = out / default_name
-    elif out.suffix != ".json":
-        raise ScenarioError(
-            f"{str(out)!r} must be a .json file or an existing folder (e.g. --out results/{default_name})",
-            field="--out",
-        )
+    if target is None:
+        out = DEFAULT_OUT_DIR / default_name
+    else:
+        out = target.path / default_name if folder else target.path
     _check_out(out, args)
     return CalibrationOptions(device=device, world=world, out=out, sections=args.only, resume=args.resume)
+
+
+def _check_out_target(target: OutPath, folder: bool, args: argparse.Namespace) -> None:
+    """--out as given, before torch: a .json file, an existing folder, or a folder to make ('new/')."""
+    if target.folder and (target.path.exists() or target.path.is_symlink()) and not target.path.is_dir():
+        raise ScenarioError(
+            f"{str(target)!r} names a folder (it ends in {os.sep!r}) but {str(target.path)!r} is a file; drop "
+            f"the {os.sep!r} to write the profile to that file, or give another folder",
+            field="--out",
+        )
+    if not folder and target.path.suffix != ".json":
+        raise ScenarioError(
+            f"{str(target)!r} must be a .json file or a folder, an existing one or a new one written with a "
+            f"trailing {os.sep!r} (e.g. --out results/cpu-profile.json, or --out {target.path}{os.sep} for a new "
+            "folder)",
+            field="--out",
+        )
+    if not folder:
+        _check_out(target.path, args)
 
 
 def _check_out(out: Path, args: argparse.Namespace) -> None:
@@ -192,7 +210,7 @@ def _check_out(out: Path, args: argparse.Namespace) -> None:
 
 def _make_parent(out: Path) -> None:
     """Create the folder of ``out`` (the default results/calibration, or a new one named by --out): the
-    profile would be written there anyway, and the lock beside it needs it now."""
+    profile (or the --report plot) would be written there anyway, and a profile's lock beside it needs it now."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -207,19 +225,23 @@ def _report(args: argparse.Namespace) -> int:
     from calibrate.report import format_report, plot_profile
 
     profile = load_profile(args.report, field="--report")
-    png = args.out
-    if png is None:
+    target: OutPath | None = args.out
+    if target is None:
         png = args.report.with_suffix(".png")
-    elif png.is_dir():
-        png = png / (args.report.stem + ".png")
-    elif png.suffix != ".png":
+    elif target.folder or target.path.is_dir():  # 'plots/': a folder, made if new
+        png = target.path / (args.report.stem + ".png")
+    elif target.path.suffix != ".png":
         raise ScenarioError(
-            f"{str(png)!r} with --report must be a .png file or an existing folder (e.g. --out fits.png)",
+            f"{str(target)!r} with --report must be a .png file or a folder, an existing one or a new one written "
+            f"with a trailing {os.sep!r} (e.g. --out fits.png)",
             field="--out",
         )
+    else:
+        png = target.path
     from sim.outputs.resultdir import check_output_file
 
     check_output_file(png, "--out", (".png",))
+    _make_parent(png)
     print(format_report(profile, str(args.report)))
     print(f"plot: {plot_profile(profile, png)}")
     return 0
@@ -246,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
 
             _make_parent(opts.out)  # the lock file goes beside the profile: a new --out folder must exist first
             lock = take_lock(opts.out, "--out")
+            if opts.resume and not opts.out.exists():  # said now, not after seconds of probing the CPU
+                note(resume_starts_new(opts.out))
         out = opts.out
         from calibrate.run import progress_path, run_calibration
 

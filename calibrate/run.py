@@ -55,9 +55,12 @@ def _start_profile(opts: CalibrationOptions, config: SweepConfig, argv: list[str
                 )
         profile["metadata"].setdefault("resumed", []).append(collect_metadata(opts.device, opts.world, argv))
         return profile
-    if opts.resume:
-        note(f"--resume: {opts.out} does not exist yet, starting a new profile")
     return new_profile(collect_metadata(opts.device, opts.world, argv), run)
+
+
+def resume_starts_new(out: Path) -> str:
+    """The note for --resume of a profile not written yet: the CLI says it before anything is measured."""
+    return f"--resume: {out} does not exist yet, starting a new profile"
 
 
 def _all_ranks_measure(name: str, device: str) -> bool:
@@ -139,8 +142,9 @@ def run_calibration(
     """Measure ``opts.sections`` (skipping finished ones with ``resume``), saving after each; returns the path.
 
     Under torchrun every rank measures collectives first (they need all ranks); then GEMMs and memory,
-    on CPU by every rank at once, on GPU by rank 0 alone; rank 0 writes the profile. ``fault`` is for
-    tests of the collective watchdog.
+    on CPU by every rank at once, on GPU by rank 0 alone; rank 0 writes the profile. ``resume`` of a
+    profile not written yet starts a new one (the CLI notes it first: :func:`resume_starts_new`). ``fault``
+    is for tests of the collective watchdog.
     """
     launched = torchrun_env()
     rank = launched[0] if launched else 0

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ScenarioError
+from sim.scenario.base import did_you_mean
 from sim.scenario.load import read_capped
 from sim.workload.ops import MEMORY_FAMILIES, STREAM
 
@@ -32,6 +33,11 @@ GEMM_NEIGHBOURS = 4  # inverse-distance weighting over this many nearest measure
 SCHEMA_VERSION = 1
 PROFILE_KIND = "dtsim-calibration-profile"
 FINISHED = ("done", "unmeasurable")
+# The collectives a profile's fits may name: those `dtsim calibrate` measures and fits in closed form
+# (calibrate.config.COLLECTIVE_OPS, calibrate.fit.CLOSED_FORM_TEXT). The simulator prices links from the
+# all_reduce and all_gather fits (sim.cost.calibrated.LINK_SOURCE_OPS); an op outside this list would never
+# match one, so the profile's measured links would be silently unused: it is refused.
+COLLECTIVE_FIT_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv")
 
 
 def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
@@ -98,11 +104,11 @@ def check_fits(fits: dict, path: str, field: str = "profile") -> None:
     """Every fitted model the simulator prices with, checked: types, non-empty tables, finite positive
     numbers in physical ranges. A bad one is one ScenarioError naming the file, the field and the fix."""
 
-    def bad(where: str, value: object, rule: str) -> ScenarioError:
+    def bad(where: str, value: object, rule: str, fix: str = "") -> ScenarioError:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:59] + "…"
         return ScenarioError(
-            f"{path!r}: fits.{where} = {shown} — {rule}; re-run `dtsim calibrate` to measure it again "
+            f"{path!r}: fits.{where} = {shown} — {rule}; {fix}re-run `dtsim calibrate` to measure it again "
             "(or delete that entry to fall back to the datasheet)",
             field=field,
         )
@@ -157,6 +163,10 @@ def check_fits(fits: dict, path: str, field: str = "profile") -> None:
         for key in ("op", "scope"):
             if not isinstance(f.get(key), str):
                 raise bad(f"{where}.{key}", f.get(key), "must be a string" if key in f else "is missing")
+        if f["op"] not in COLLECTIVE_FIT_OPS:
+            raise bad(f"{where}.op", f["op"], f"must be one of {', '.join(COLLECTIVE_FIT_OPS)} (the collectives "
+                      "dtsim calibrate measures; another never matches, so its figures would go unused)",
+                      f"{did_you_mean(f['op'], COLLECTIVE_FIT_OPS)}correct it, or ")
         if not (isinstance(f.get("group_size"), int) and not isinstance(f["group_size"], bool)
                 and f["group_size"] >= 1):
             raise bad(f"{where}.group_size", f.get("group_size"), "must be a whole number ≥ 1")

@@ -460,6 +460,9 @@ def main(argv: list[str]) -> int:
     if args.out:
         from sim.outputs.resultdir import check_output_file
 
+        if args.out.endswith(os.sep) or (os.altsep and args.out.endswith(os.altsep)):  # Path() drops the slash
+            raise ScenarioError(f"{args.out!r} names a folder (it ends in {os.sep!r}); --out is the JSON "
+                                f"table's file: give a file name (e.g. --out {args.out}table.json)", "--out")
         _check_table_out(check_output_file(args.out, "--out", (".json",)), cases_file)  # before any case runs
     if args.list and args.set:
         raise ScenarioError(f"{show(args.set[0])} — --list runs no case, so --set would change nothing; "

@@ -222,10 +222,17 @@ def estimate_work(sc: Scenario, symmetric: bool | None = None) -> WorkEstimate:
     spans = steps * (compute + tp_occurrences + 2.0 * mb * v * (p - 1) * (sim_gpus / p) + dp_spans)
     return WorkEstimate(
         events,
-        f"{steps} step(s) × ({sim_gpus} simulated GPUs × {mb} micro-batches × {per_gpu_layers:.0f} layers × "
+        f"{_count(steps)} step(s) × ({_count(sim_gpus)} simulated GPUs × {_count(mb)} micro-batches × "
+        f"{_count(per_gpu_layers)} layers × "
         f"{OPS_PER_LAYER} ops + {tp + pp + dp:.3g} for communication)",
         spans=spans,
     )
+
+
+def _count(n: float) -> str:
+    """A count as a message shows it: whole up to a million, else three significant digits (a 30-digit
+    layer count from a typo is unreadable, and a float's tail digits would be noise)."""
+    return f"{n:.0f}" if n < 1e6 else f"{n:.3g}"
 
 
 def check_budget(

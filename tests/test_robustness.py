@@ -190,6 +190,17 @@ def test_max_events_raises_the_budget(tmp_path, capsys) -> None:
     assert main([*argv, "--max-events", "1e5"]) == 0
 
 
+def test_budget_message_shows_huge_counts_compactly(tmp_path, capsys) -> None:
+    """A typo'd layer count is refused by the budget in one line whose counts stay readable: 1e30 layers over
+    8 stages is '1.25e+29 layers', not the 30 digits of a float's exact value."""
+    argv = ["run", str(ROOT / "scenarios" / "gpt3-175b-1024xa100-hdr.yaml"), "--set",
+            "model.layers=" + "1" + "0" * 30, "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "× 1.25e+29 layers ×" in err and "× 96 micro-batches ×" in err, err
+    assert not any(len(word) > 12 and word.isdigit() for word in err.split()), err
+
+
 # ---- calibration profiles ---------------------------------------------------------------------------
 
 

@@ -190,19 +190,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.outputs.replot import DATA_FILES, draw_loaded, load_result
+    from sim.outputs import replot
     from sim.outputs.report import write_report
     from sim.outputs.resultdir import ResultDir, expand_path, result_files
 
     src = expand_path(args.result_dir, "result_dir")
-    tl, summary = load_result(src)  # a missing or corrupt result is refused before anything is written
+    tl, summary = replot.load_result(src)  # a missing or corrupt result is refused before anything is written
     out = expand_path(args.out, "--out") if args.out else src.resolve()
     in_place = out.resolve() == src.resolve()
     # Into another folder: the source's files come along, so --out holds a whole result (one `dtsim plot`
-    # can replot), not charts beside nothing; the charts drawn below replace the copied ones.
-    seed = [] if in_place else result_files(src, fallback=DATA_FILES)
-    with ResultDir(out, "plot", in_place=in_place, seed_files=seed) as staging:
-        names = [p.name for p in draw_loaded(tl, summary, staging, src)]
+    # can replot), not charts beside nothing; the charts drawn below replace the copied ones. Into its own
+    # folder: the user's files there are never replaced (refused before drawing), NAME.prev never touched.
+    seed = [] if in_place else result_files(src, fallback=replot.DATA_FILES)
+    with ResultDir(out, "plot", field="--out" if args.out else "result_dir", in_place=in_place, seed_files=seed,
+                   outputs=replot.plot_outputs(summary) if in_place else ()) as staging:
+        names = [p.name for p in replot.draw_loaded(tl, summary, staging, src)]
         if in_place or (staging / "summary.json").exists():
             write_report(staging, out)
     for name in names:

@@ -415,3 +415,90 @@ def test_a_signal_during_the_swap_lets_it_finish_then_stops(tmp_path, capsys, mo
     assert _consistent(out)["global_batch"] == 16
     assert _consistent(tmp_path / "r.prev")["global_batch"] == 8
     assert not _leftovers(tmp_path)
+
+
+def _shown_fix(line: str, new: Path) -> list[str]:
+    """The `dtsim plot … --out NEW` command an error line advises, with NEW filled in, as main's argv."""
+    import shlex
+
+    start = line.rindex("dtsim plot ")
+    cmd = shlex.split(line[start:].split(" --out NEW")[0] + " --out NEW")
+    assert cmd[:2] == ["dtsim", "plot"] and cmd[-1] == "NEW", line
+    return cmd[1:-1] + [str(new)]
+
+
+def test_plot_in_place_never_replaces_a_users_file(tmp_path, capsys, monkeypatch) -> None:
+    """The user's gantt.png in a result made without charts (not in the manifest): `dtsim plot r` refuses in
+    one line before drawing, naming the file and the fix, and the file stays byte for byte; the advised
+    `--out NEW` works. A user's file that appears while the charts are drawn is refused at the commit."""
+    import sim.outputs.replot as replot
+
+    out = tmp_path / "r"
+    assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 0
+    (out / "gantt.png").write_text("MY OWN GANTT")
+    manifest = (out / MANIFEST).read_bytes()
+    drawn: list[Path] = []
+    real_draw = replot.draw_loaded
+    monkeypatch.setattr(replot, "draw_loaded", lambda *a: drawn.append(a[2]) or real_draw(*a))
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("dtsim: error: result_dir: ") and "gantt.png" in line, line
+    assert not drawn and (out / "gantt.png").read_text() == "MY OWN GANTT"
+    assert (out / MANIFEST).read_bytes() == manifest and not _leftovers(tmp_path)
+    assert main(["plot", str(out), "--out", str(out)]) == 2  # the same folder named by --out
+    assert _one_line(capsys.readouterr().err).startswith("dtsim: error: --out: ")
+    assert main(_shown_fix(line, tmp_path / "new")) == 0
+    assert (tmp_path / "new" / "gantt.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "gantt.png").read_text() == "MY OWN GANTT"
+    (out / "gantt.png").unlink()
+
+    def draw_then_user_writes(tl, summary, staging, src):
+        paths = real_draw(tl, summary, staging, src)
+        (out / "pipeline.svg").write_text("drawn by hand meanwhile")
+        return paths
+
+    monkeypatch.setattr(replot, "draw_loaded", draw_then_user_writes)
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 2
+    assert "pipeline.svg" in _one_line(capsys.readouterr().err)
+    assert (out / "pipeline.svg").read_text() == "drawn by hand meanwhile"
+    assert (out / MANIFEST).read_bytes() == manifest and not (out / "gantt.png").exists()
+    assert not _leftovers(tmp_path)
+
+
+def test_plot_in_place_of_a_folder_without_manifest_advises_a_fix_that_works(tmp_path, capsys) -> None:
+    """A result from before manifests: `dtsim plot leg` (no --out) refuses in one line that names result_dir,
+    not --out, and does not advise moving the result away; the `dtsim plot … --out NEW` it advises works and
+    copies only the data files (not the user's)."""
+    leg = tmp_path / "leg"
+    assert main(["run", SEED, "--out", str(leg)]) == 0
+    (leg / MANIFEST).unlink()
+    (leg / "notes.txt").write_text("mine")
+    before = {f: (leg / f).read_bytes() for f in os.listdir(leg)}
+    capsys.readouterr()
+    assert main(["plot", str(leg)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("dtsim: error: result_dir: ") and "move those files away" not in line, line
+    assert {f: (leg / f).read_bytes() for f in os.listdir(leg)} == before
+    new = tmp_path / "new"
+    assert main(_shown_fix(line, new)) == 0
+    assert _consistent(new)["global_batch"] == 8 and not (new / "notes.txt").exists()
+    assert main(["plot", str(new)]) == 0
+    assert {f: (leg / f).read_bytes() for f in os.listdir(leg)} == before
+
+
+def test_plot_in_place_is_not_blocked_by_the_users_file_in_prev(tmp_path, capsys) -> None:
+    """r.prev holds the user's bubble_vs_m.png (its name became an output of the rerun): `dtsim plot r` never
+    touches r.prev, so it redraws r and leaves r.prev byte for byte."""
+    out, prev = tmp_path / "r", tmp_path / "r.prev"
+    assert main(["run", SEED, "--out", str(out)]) == 0
+    (out / "bubble_vs_m.png").write_text("mine")
+    assert main(["run", SEED, "--out", str(out), "--bubble-sweep"]) == 0
+    assert (prev / "bubble_vs_m.png").read_text() == "mine"
+    before_prev = {f: (prev / f).read_bytes() for f in os.listdir(prev)}
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 0
+    assert {f: (prev / f).read_bytes() for f in os.listdir(prev)} == before_prev
+    assert _consistent(out)["global_batch"] == 8 and (out / "bubble_vs_m.png").read_bytes()[:4] == b"\x89PNG"
+    assert not _leftovers(tmp_path)

@@ -11,20 +11,32 @@ from sim.outputs.goodput_chart import plot_goodput
 from sim.outputs.memory_chart import plot_memory
 
 
+def chart_stems(summary: dict) -> list[str]:
+    """The charts a result with this summary gets, by stem (gantt, pipeline, memory, goodput): known before
+    drawing, so ``dtsim plot`` in place can refuse first when one of their files is the user's."""
+    stems = ["gantt"]
+    if summary.get("workload") not in (None, "collective"):
+        pipeline = (summary.get("parallel") or {}).get("pipeline", 1)
+        if isinstance(pipeline, int) and pipeline > 1:
+            stems.append("pipeline")
+        if summary.get("memory_by_stage"):
+            stems.append("memory")
+        if summary.get("reliability"):
+            stems.append("goodput")
+    return stems
+
+
 def draw_all(timeline: Timeline, summary: dict, out_dir: Path, skip: tuple[str, ...] = (),
              only: tuple[str, ...] | None = None) -> list[Path]:
-    """Every chart of a run (by stem: gantt, pipeline, memory, goodput); ``skip`` or ``only`` split them between
-    two processes (``sim.outputs.run_files``)."""
-    def want(stem: str) -> bool:
-        return stem not in skip and (only is None or stem in only)
-
+    """Every chart of a run (``chart_stems``); ``skip`` or ``only`` split them between two processes
+    (``sim.outputs.run_files``)."""
+    draw = {"gantt": lambda stem: plot_gantt(timeline, summary, stem),
+            "pipeline": lambda stem: plot_schedule(timeline, summary, stem),
+            "memory": lambda stem: plot_memory(summary, stem),
+            "goodput": lambda stem: plot_goodput(summary, stem)}
     out_dir = Path(out_dir)
-    paths = list(plot_gantt(timeline, summary, out_dir / "gantt")) if want("gantt") else []
-    if summary.get("workload") not in (None, "collective"):
-        if (summary.get("parallel") or {}).get("pipeline", 1) > 1 and want("pipeline"):
-            paths += plot_schedule(timeline, summary, out_dir / "pipeline")
-        if summary.get("memory_by_stage") and want("memory"):
-            paths += plot_memory(summary, out_dir / "memory")
-        if summary.get("reliability") and want("goodput"):
-            paths += plot_goodput(summary, out_dir / "goodput")
+    paths: list[Path] = []
+    for stem in chart_stems(summary):
+        if stem not in skip and (only is None or stem in only):
+            paths += draw[stem](out_dir / stem)
     return paths

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sim.engine.timeline import CounterSample, Span, Timeline
 from sim.errors import ScenarioError
-from sim.outputs.charts import draw_all
+from sim.outputs.charts import chart_stems, draw_all
 from sim.outputs.timeline_meta import FILE, apply_timeline_meta, read_timeline_meta
 
 # What a run's result is made of besides its charts and report (for a folder without a manifest, where
@@ -168,6 +168,12 @@ def draw_loaded(timeline: Timeline, summary: dict, out_dir: Path, result_dir: Pa
             f"({type(exc).__name__}: {detail[:120]}); rerun `dtsim run` to write the result again",
             "result_dir",
         ) from None
+
+
+def plot_outputs(summary: dict) -> list[str]:
+    """The files ``dtsim plot`` writes for a result with this summary (its charts and the report), known
+    before drawing: an in-place plot refuses first if any of them is the user's file."""
+    return [f"{stem}{ext}" for stem in chart_stems(summary) for ext in (".png", ".svg")] + ["report.html"]
 
 
 def replot(result_dir: Path, out_dir: Path | None = None) -> list[Path]:

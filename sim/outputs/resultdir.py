@@ -16,7 +16,9 @@ through :class:`ResultDir`:
    swap. If a rename fails (a mount point, a file the system will not move) every step is undone and one
    line says so; a user's file that cannot join the new result (its name is now an output's) stays in
    ``NAME.prev``, is named on stderr, and ``NAME.prev`` is then never deleted until it is moved away.
-   ``plot`` into its own folder (``in_place``) replaces the charts file by file and keeps ``NAME.prev``;
+   ``plot`` into its own folder (``in_place``) replaces the charts file by file and never looks at or
+   touches ``NAME.prev``; it refuses (before drawing, and again before replacing anything) when a file it
+   would write is the user's (not in the manifest), and refuses a folder without a manifest outright;
    ``plot`` into another folder starts its staging folder from copies of the source result's files
    (``seed_files``), so the new result is whole: a folder ``dtsim plot`` can replot in turn.
 4. On an error, Ctrl-C or SIGTERM the staging folder is removed, ``out`` is left as it was, and one line
@@ -37,12 +39,13 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +186,7 @@ class ResultDir:
     """One transactional write of a result folder; see the module docstring."""
 
     def __init__(self, out: str | os.PathLike, command: str, field: str = "--out", in_place: bool = False,
-                 seed_files: Sequence[Path] = ()):
+                 seed_files: Sequence[Path] = (), outputs: Collection[str] = ()):
         self.out = expand_path(out, field)
         self.command = command
         self.field = field
@@ -193,6 +196,9 @@ class ResultDir:
         # Files of another result that staging starts from (copies, never links: the two folders must not
         # share a file a user may edit in place); the commit then swaps the folder in as usual.
         self.seed_files = list(seed_files)
+        # ``in_place``: the names the command will write into the folder, checked against the user's files
+        # before any work (the commit checks again, exactly, against what was drawn).
+        self.outputs = set(outputs)
         self._check_name()  # before deriving names from it: '.' or '/' has none
         self.prev = self.out.with_name(self.out.name + PREV_SUFFIX)
         self.staging: Path | None = None
@@ -233,7 +239,9 @@ class ResultDir:
                 entries = os.listdir(out)
             except OSError as exc:
                 raise _err(f"{str(out)!r} cannot be listed ({exc.strerror}); choose another folder", field) from None
-            if entries and not is_result_folder(out):
+            if self.in_place:
+                self._check_in_place()
+            elif entries and not is_result_folder(out):
                 raise _err(
                     f"{str(out)!r} already holds files and is not a dtsim result (it has no {MANIFEST} manifest, "
                     "so dtsim cannot tell its outputs from yours); give a new or empty folder, or move those "
@@ -241,6 +249,8 @@ class ResultDir:
                     field,
                 )
         existing_ancestor(out, field)
+        if self.in_place and out.is_dir():  # files replaced one by one in out: NAME.prev is left alone
+            return
         if self.prev.exists() or self.prev.is_symlink():
             if self.prev.is_symlink() or not self.prev.is_dir() or (
                 os.listdir(self.prev) and not is_result_folder(self.prev)
@@ -257,6 +267,33 @@ class ResultDir:
                     f"write ({', '.join(extra[:3])}); move them away first",
                     field,
                 )
+
+    def _in_place_fix(self) -> str:
+        return f"dtsim {self.command} {shlex.quote(str(self.out))} --out NEW"
+
+    def _check_in_place(self) -> None:
+        """``in_place`` into an existing folder: a dtsim result, and none of the names to be written the user's."""
+        if not is_result_folder(self.out):
+            raise _err(
+                f"{str(self.out)!r} has no {MANIFEST} manifest (a result from an older dtsim, or not a dtsim "
+                "result), so dtsim cannot tell its files from yours and will not redraw in it; draw into a new "
+                f"folder instead, which gets the result's data files: {self._in_place_fix()}",
+                self.field,
+            )
+        self._refuse_clashes(sorted(self.outputs), when="would write")
+
+    def _refuse_clashes(self, names: Sequence[str], when: str) -> None:
+        """One line when any of ``names`` in out is the user's (not in the manifest): never replaced."""
+        mine = set(user_files(self.out))
+        clash = [n for n in names if n in mine]
+        if clash:
+            shown = ", ".join(clash[:5]) + (f" and {len(clash) - 5} more" if len(clash) > 5 else "")
+            raise _err(
+                f"{str(self.out)!r} holds your own file(s) {shown} (not in its {MANIFEST} manifest), which "
+                f"dtsim {self.command} {when}; nothing was changed; rename or move them away, or draw into "
+                f"a new folder: {self._in_place_fix()}",
+                self.field,
+            )
 
     def _lock(self) -> None:
         parent = self.out.parent
@@ -338,7 +375,11 @@ class ResultDir:
         try:
             _fsync_dir(staging)
             if self.in_place and self.out.is_dir():
-                self._replace_files(staging)
+                try:
+                    self._replace_files(staging)
+                except BaseException:
+                    self._abort(interrupted=False)
+                    raise
             else:
                 self._swap(staging)
             self.staging = None
@@ -415,10 +456,19 @@ class ResultDir:
     def _replace_files(self, staging: Path) -> None:
         """``in_place``: each file of staging replaces its namesake in out (atomic per file), the manifest
         last; NAME.prev, the user's files and anything not redrawn stay as they are."""
-        names = [p.name for p in staging.iterdir() if p.name != MANIFEST]
-        for name in sorted(names):
-            os.replace(staging / name, self.out / name)
-        os.replace(staging / MANIFEST, self.out / MANIFEST)
+        names = sorted(p.name for p in staging.iterdir() if p.name != MANIFEST)
+        self._refuse_clashes(names, when="has just drawn")  # put there since the check: never replaced
+        try:
+            for name in names:
+                os.replace(staging / name, self.out / name)
+            os.replace(staging / MANIFEST, self.out / MANIFEST)
+        except OSError as exc:
+            try:  # the files already moved are dtsim's: the manifest must still say so
+                os.replace(staging / MANIFEST, self.out / MANIFEST)
+            except OSError:
+                pass
+            raise _err(f"could not replace the charts in {str(self.out)!r} ({exc.strerror or exc}); some may be "
+                       "redrawn and some not; run the same command again", self.field) from None
         shutil.rmtree(staging, ignore_errors=True)
         _fsync_dir(self.out)
 

@@ -156,16 +156,25 @@ def _resolve(args: argparse.Namespace) -> CalibrationOptions:
 
 def _check_out_target(target: OutPath, folder: bool, args: argparse.Namespace) -> None:
     """--out as given, before torch: a .json file, an existing folder, or a folder to make ('new/')."""
-    if target.folder and (target.path.exists() or target.path.is_symlink()) and not target.path.is_dir():
+    path = target.path
+    is_file = (path.exists() or path.is_symlink()) and not path.is_dir()
+    if is_file and path.suffix != ".json":  # neither 'afile' nor 'afile/' can be the profile: name others
+        named = f"{str(target)!r} names a folder but " if target.folder else ""
         raise ScenarioError(
-            f"{str(target)!r} names a folder (it ends in {os.sep!r}) but {str(target.path)!r} is a file; drop "
+            f"{named}{str(path)!r} is an existing file, neither a .json profile nor a folder; give a .json file "
+            f"name (e.g. --out {path.with_suffix('.json')}) or another folder",
+            field="--out",
+        )
+    if target.folder and is_file:
+        raise ScenarioError(
+            f"{str(target)!r} names a folder (it ends in {os.sep!r}) but {str(path)!r} is a file; drop "
             f"the {os.sep!r} to write the profile to that file, or give another folder",
             field="--out",
         )
-    if not folder and target.path.suffix != ".json":
+    if not folder and path.suffix != ".json":
         raise ScenarioError(
             f"{str(target)!r} must be a .json file or a folder, an existing one or a new one written with a "
-            f"trailing {os.sep!r} (e.g. --out results/cpu-profile.json, or --out {target.path}{os.sep} for a new "
+            f"trailing {os.sep!r} (e.g. --out results/cpu-profile.json, or --out {path}{os.sep} for a new "
             "folder)",
             field="--out",
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sim.errors import ScenarioError, SimulationError
-from sim.units import format_days, format_seconds
+from sim.units import format_days, format_hours, format_seconds
 
 if TYPE_CHECKING:
     from sim.summary import Summary
@@ -103,7 +103,7 @@ def summary_table(s: Summary) -> str:
         rows.append(("checkpoints", f"every {rel['interval_steps']} steps ({format_seconds(rel['interval_s'])}; "
                                     f"optimum {format_seconds(rel['optimal_interval_s'])}), "
                                     f"{format_seconds(rel['checkpoint_blocking_s'])} each; job MTBF "
-                                    f"{rel['job_mtbf_hours']:.2f} h"))
+                                    f"{format_hours(rel['job_mtbf_hours'])}"))
     if s.skipped_steps:
         rows.append(("loss scaling", f"{s.skipped_steps} step(s) skipped on overflow"))
     return "\n".join(f"{k:<22} {v}" for k, v in rows)

@@ -28,12 +28,21 @@ def storage_dtype(precision: str) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration with 3 decimals in s, ms or µs: the run summary's fixed-point style."""
+    """A duration with 3 decimals in s, ms or µs: the run summary's fixed-point style (3 significant digits
+    from 1e9 s, ~32 years, where fixed point would print the hundreds of digits of a never-failing MTBF's
+    optimum)."""
+    if seconds >= 1e9:
+        return f"{seconds:.3g} s"
     if seconds >= 1:
         return f"{seconds:.3f} s"
     if seconds >= MS:
         return f"{seconds / MS:.3f} ms"
     return f"{seconds / US:.2f} µs"
+
+
+def format_hours(hours: float) -> str:
+    """Hours with 2 decimals, or 3 significant digits from 1e5 h (an MTBF may be up to 1e300 h)."""
+    return f"{hours:.2f} h" if abs(hours) < 1e5 else f"{hours:.3g} h"
 
 
 def format_days(days: float) -> str:

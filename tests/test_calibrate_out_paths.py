@@ -169,3 +169,43 @@ def test_every_shipped_profile_still_loads():
     assert shipped
     for p in shipped:
         load_profile(p)
+
+
+# ---- --out over an existing file: the advice given, applied, is accepted -------------------------------
+
+
+def _advised_out(err: str) -> str:
+    """The --out the one-line error proposes."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--out" in lines[0] and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("slash", ["/", ""])
+def test_out_over_an_existing_non_json_file_advises_a_json_name_that_works(slash, tmp_path, capsys,
+                                                                           no_measuring):
+    """'afile/' (a file afile is there) used to say 'drop the /', and 'afile' then said 'or --out afile/':
+    neither works. Both now say it is an existing file and give a .json name, which is accepted."""
+    pytest.importorskip("torch")
+    (tmp_path / "afile").write_text("notes")
+    assert main(["--device", "cpu", "--quick", "--out", f"{tmp_path / 'afile'}{slash}"]) == 2
+    line = _advised_out(capsys.readouterr().err)
+    assert "existing file" in line and "drop" not in line and "afile/" not in line.split("e.g.")[-1], line
+    advised = line.split("e.g. --out ", 1)[1].split(")", 1)[0]
+    assert advised.endswith(".json"), line
+    assert main(["--device", "cpu", "--quick", "--out", advised]) == 0, capsys.readouterr().err
+    (opts,) = no_measuring
+    assert str(opts.out) == advised and (tmp_path / "afile").read_text() == "notes"
+
+
+def test_out_json_file_with_a_slash_advice_to_drop_it_works(tmp_path, capsys, no_measuring):
+    """'p.json/' over a file p.json: dropping the '/' (the advice) writes the profile to that file."""
+    pytest.importorskip("torch")
+    target = tmp_path / "p.json"
+    target.write_text(PROFILE.read_text())  # an earlier profile (another .json is refused without --force)
+    assert main(["--device", "cpu", "--quick", "--out", f"{target}/"]) == 2
+    line = _advised_out(capsys.readouterr().err)
+    assert "drop the '/'" in line, line
+    assert main(["--device", "cpu", "--quick", "--out", str(target)]) == 0, capsys.readouterr().err
+    (opts,) = no_measuring
+    assert opts.out == target

@@ -56,3 +56,21 @@ def test_layout_suggestion_makes_the_product_the_gpu_count(path: str, sets: list
         load_scenario(path, sets + fix)
     except ScenarioError as exc:
         assert LAYOUT not in str(exc), (sets, fix, str(exc))
+
+
+SEED = str(ROOT / "scenarios" / "seed-pipeline.yaml")  # synthetic model, 4 GPUs: data 1 × pipeline 4
+
+
+@pytest.mark.parametrize("sets", [
+    ["parallel.tensor=2"],  # data branch: tensor reset to 1 is the whole fix (was: pipeline=2)
+    ["parallel.data=2", "parallel.tensor=2"],  # data branch (was: pipeline=1, keeping tensor 2)
+    ["parallel.tensor=3", "parallel.pipeline=2"],  # data branch, tensor reset
+    ["parallel.tensor=3", "parallel.pipeline=3"],  # pipeline branch, tensor reset
+    ["parallel.data=3", "parallel.tensor=3", "parallel.pipeline=3"],  # fallback
+])
+def test_layout_suggestion_for_a_non_transformer_resets_tensor_and_loads(sets: list[str]) -> None:
+    """A synthetic model refuses tensor > 1 (a later rule): the layout fix must not keep tensor 2, or applying
+    it only leads to that refusal. Applied, the suggestion gives a scenario that loads."""
+    fix = _suggestion(SEED, sets)
+    assert "parallel.tensor=1" in fix, fix
+    load_scenario(SEED, sets + fix)

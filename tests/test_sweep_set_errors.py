@@ -51,3 +51,23 @@ def test_a_set_that_only_some_grid_points_break_lists_them(tmp_path, capsys) -> 
     assert main(_sweep(tmp_path, "--grid", "parallel.pipeline=2,4", "--set", "parallel.data=2")) == 0
     out = capsys.readouterr().out
     assert "2 points: 1 feasible" in out and "pipeline=4: invalid" in out, out
+
+
+def test_a_set_whose_layout_the_fit_repairs_is_not_blamed(tmp_path, capsys) -> None:
+    """cluster.nodes=2 leaves data 1 × pipeline 4 ≠ 8 GPUs in the base, but every point refits data to 2:
+    the points' real error (global batch 8 by data 2 × micro-batch 3) is reported, not the layout's."""
+    args = _sweep(tmp_path, "--set", "cluster.nodes=2", "--grid", "training.micro_batch=3,5")
+    assert main(args) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "no point of the sweep" in line and "must be a multiple of data×micro_batch = 2×3" in line, line
+    assert "must equal the GPU count" not in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def test_without_fit_data_the_sets_layout_is_still_blamed(tmp_path, capsys) -> None:
+    """--no-fit-data: the points keep data 1 too, so the layout is the --set's mistake."""
+    args = _sweep(tmp_path, "--set", "cluster.nodes=2", "--grid", "training.micro_batch=3,5", "--no-fit-data")
+    assert main(args) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "must equal the GPU count" in line and "--set cluster.nodes=2" in line, line
+    assert "no point of the sweep" not in line, line

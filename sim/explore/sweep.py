@@ -120,6 +120,11 @@ def _fit_data(data: dict, fixed_data: bool) -> str | None:
     return f"data={par['data']} (fit: {gpus} GPUs / (tensor {t} × pipeline {p}{ctx}))"
 
 
+def _data_fixed(overrides: list[str], keys: list[str]) -> bool:
+    """Whether a --set or a grid key gives parallel.data (then fit data never changes it)."""
+    return "parallel.data" in keys or any(o.partition("=")[0].strip() == "parallel.data" for o in overrides)
+
+
 def expand(
     base: dict,
     overrides: list[str],
@@ -130,9 +135,7 @@ def expand(
 ) -> list[Point]:
     """Every grid point validated against the schema (invalid ones keep their reason)."""
     keys = [k for k, _ in grid]
-    data_fixed = "parallel.data" in keys or any(
-        o.partition("=")[0].strip() == "parallel.data" for o in overrides
-    )
+    data_fixed = _data_fixed(overrides, keys)
     start, set_origins = apply_overrides(base, overrides)  # a bad --set is the user's mistake: raise
     points = []
     for i, combo in enumerate(itertools.product(*(v for _, v in grid))):
@@ -165,12 +168,20 @@ def _related(field: str, key: str) -> bool:
 
 
 def base_mistake(
-    base: dict, overrides: list[str], keys: list[str], base_dir: Path | None = None
+    base: dict,
+    overrides: list[str],
+    keys: list[str],
+    base_dir: Path | None = None,
+    *,
+    fit_data: bool = True,
 ) -> ScenarioError | None:
     """The error of the base scenario with the --set settings alone, when no grid key touches the field it
     names; else None. Called once every point failed: such an error is the --set's (or the file's), and
-    reporting it as the first grid point's sent the user to the grid."""
+    reporting it as the first grid point's sent the user to the grid. parallel.data is refit as every
+    point refits it (``fit_data``): a data degree the sweep fixes itself is no --set's mistake."""
     start, origins = apply_overrides(base, overrides)
+    if fit_data:
+        _fit_data(start, _data_fixed(overrides, keys))
     try:
         scenario_from_dict(start, base_dir=base_dir, origins=origins)
     except ScenarioError as exc:
@@ -196,7 +207,9 @@ def sweep(
     base_dir = Path(path).expanduser().resolve().parent
     points = expand(base, overrides or [], grid, fit_data=fit_data, base_dir=base_dir)
     if not any(p.scenario is not None for p in points):
-        base_error = base_mistake(base, overrides or [], [k for k, _ in grid], base_dir)
+        base_error = base_mistake(
+            base, overrides or [], [k for k, _ in grid], base_dir, fit_data=fit_data
+        )
         if base_error is not None:
             raise base_error
     todo = [p for p in points if p.scenario is not None]

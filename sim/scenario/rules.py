@@ -24,17 +24,22 @@ def _layout_fix(p: Parallel, n: int, tensor_ok: bool = True) -> str:
     """--set settings that make data×tensor×pipeline×context = n: one degree changed where one can be
     (context parallelism counts in every product: a fix that ignored it would miss n by that factor), else
     data = n/context on one tensor rank and one stage. Never a tensor width where ``tensor_ok`` is False:
-    only transformers are split over tensor ranks."""
+    only transformers are split over tensor ranks, so there a tensor width > 1 is reset to 1 first (the
+    tensor-model rule would refuse it once the product is right)."""
     d, t, pp, c = p.data, p.tensor, p.pipeline, p.cp
+    reset = [] if tensor_ok or t == 1 else ["--set parallel.tensor=1"]
+    if reset:
+        t = 1
     if n % (t * pp * c) == 0:
-        return f"--set parallel.data={n // (t * pp * c)}"
+        fix = [f"--set parallel.data={n // (t * pp * c)}"] if n // (t * pp * c) != d or not reset else []
+        return " ".join(reset + fix)
     if n % (d * t * c) == 0:
-        return f"--set parallel.pipeline={n // (d * t * c)}"
+        return " ".join([*reset, f"--set parallel.pipeline={n // (d * t * c)}"])
     if n % (d * pp * c) == 0 and tensor_ok:
         return f"--set parallel.tensor={n // (d * pp * c)}"
     keep_c = n % c == 0  # keep context parallelism where n allows it
     wanted = {"data": n // c if keep_c else n, "tensor": 1, "pipeline": 1, "context": c if keep_c else 1}
-    have = {"data": d, "tensor": t, "pipeline": pp, "context": c}
+    have = {"data": d, "tensor": p.tensor, "pipeline": pp, "context": c}
     return " ".join(f"--set parallel.{k}={v}" for k, v in wanted.items() if v != have[k])
 
 

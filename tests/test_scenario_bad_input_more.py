@@ -320,3 +320,20 @@ def test_run_prints_the_notes(capsys, tmp_path):
     assert code == 0, err
     notes = [line for line in err.splitlines() if line.startswith("dtsim: note: ")]
     assert len(notes) == 1 and "parallel.sequence_parallel: true — has no effect with tensor 1" in notes[0]
+
+
+@pytest.mark.parametrize("written, whole", [(1e3, 1000), (4.0, 4)])
+def test_a_whole_interval_written_as_a_decimal_says_how_to_write_it(written, whole) -> None:
+    """YAML reads `interval: 1e3` as the float 1000.0: the union's message says to drop the decimal point or
+    exponent and gives the exact fix, as whole-number fields outside unions do."""
+    text = _refused(_with_reliability(interval=written))
+    assert text.startswith("reliability.checkpoint.interval: ") and "without a decimal point or exponent" in text
+    assert text.endswith(f"; write interval: {whole}"), text
+    fixed = _with_reliability(interval=whole)
+    assert scenario_from_dict(fixed).reliability is not None  # the fix, applied, loads
+
+
+@pytest.mark.parametrize("written", [0.0, -3.0, 2.5])
+def test_a_decimal_interval_outside_the_whole_arm_keeps_the_general_advice(written) -> None:
+    text = _refused(_with_reliability(interval=written))
+    assert "decimal point" not in text and "write e.g. interval: auto or interval: 100" in text, text

@@ -190,12 +190,24 @@ def _arm_phrase(arm: Any, value: Any) -> tuple[str, str]:
     return described or getattr(base, "__name__", str(base)), "…"
 
 
+def _int_arm_takes(arm: Any, value: Any) -> bool:
+    """Whether ``value`` is a whole number written as a decimal that a whole-number arm would take as such."""
+    base, meta = (get_args(arm)[0], get_args(arm)[1:]) if get_origin(arm) is Annotated else (arm, ())
+    if base is not int or not (isinstance(value, float) and math.isfinite(value) and value.is_integer()):
+        return False
+    bounds = _bounds(meta)
+    return (value >= bounds.get("ge", -math.inf) and value > bounds.get("gt", -math.inf)
+            and value <= bounds.get("le", math.inf) and value < bounds.get("lt", math.inf))
+
+
 def _union_rule_fix(value: Any, ann: Any, last: str) -> tuple[str, str, str]:
     """(value, rule, fix) for a value no arm of a plain union took: every arm's rule in one line, not
     the first arm's alone (``0`` is not 'auto', and not a whole number ≥ 1 either)."""
     arms = plain_union_arms(ann)
     phrases = [_arm_phrase(arm, value) for arm in arms]
     rule = "must be " + " or ".join(p for p, _ in phrases)
+    if any(_int_arm_takes(arm, value) for arm in arms):  # 1e3 or 4.0: YAML read a whole number as a decimal
+        return show(value), rule + ", written without a decimal point or exponent", f"write {last}: {int(value)}"
     names = [str(o) for arm in arms for o in _literal_options(arm)]
     hint = did_you_mean(value, names) if isinstance(value, str) else ""
     fix = hint + "write e.g. " + " or ".join(f"{last}: {example}" for _, example in phrases)

@@ -33,6 +33,27 @@ def test_a_scenario_under_an_unknown_users_home_is_one_line(capsys) -> None:
     assert "~USER" in _one_line(capsys.readouterr().err)
 
 
+def test_a_calibration_under_an_unknown_users_home_names_its_field(tmp_path, capsys) -> None:
+    """In the scenario (its `calibration` key) and as --calibration: one line naming the field, not a
+    generic '~USER' line (the key) nor advice to calibrate into that same impossible path (the option)."""
+    assert main(["run", SEED, "--set", "calibration=~no-such-user-dtsim/p.json", "--out", str(tmp_path / "a")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("dtsim: error: calibration: '~no-such-user-dtsim/p.json' — starts with") and "in full" in line
+    assert main(["run", SEED, "--calibration", "~no-such-user-dtsim/p.json", "--out", str(tmp_path / "b")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "calibration" in line and "no such user" in line and "dtsim calibrate" not in line, line
+
+
+def test_a_calibration_under_the_users_home_is_found(tmp_path, capsys, monkeypatch) -> None:
+    """'~/p.json' quoted (or from a scenario file) reaches dtsim unexpanded: it is the user's home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "p.json").write_bytes((ROOT / "calibrate" / "profiles" / "cpu-amd-epyc.json").read_bytes())
+    assert main(["run", SEED, "--calibration", "~/p.json", "--out", str(tmp_path / "a"), "--no-charts"]) == 0, \
+        capsys.readouterr().err
+    assert main(["run", SEED, "--set", "calibration=~/p.json", "--out", str(tmp_path / "b"), "--no-charts"]) == 0, \
+        capsys.readouterr().err
+
+
 def test_a_folder_name_too_long_for_the_file_system_names_out(tmp_path, capsys) -> None:
     out = tmp_path / ("y" * 250)  # fits NAME_MAX alone; the staging folder's name beside it would not
     assert main(["run", SEED, "--out", str(out), "--no-charts"]) == 2

@@ -19,11 +19,11 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 
 from sim.errors import ScenarioError
+from sim.paths import expand_path
 from sim.scenario.base import did_you_mean
 from sim.scenario.load import read_capped
 from sim.workload.ops import MEMORY_FAMILIES, STREAM
@@ -44,7 +44,7 @@ def load_profile(path: str | os.PathLike, field: str = "profile") -> dict:
     """Read and check a profile; a missing, unreadable or incompatible file is the user's mistake.
 
     ``field`` names where the path came from in error messages (a scenario key, a CLI option)."""
-    p = Path(path)
+    p = expand_path(path, field)  # '--calibration=~/p.json' reaches here unexpanded
     if not p.exists() and not p.is_symlink():
         raise ScenarioError(
             f"file {str(p)!r} does not exist; run `dtsim calibrate --out {p}` first", field=field

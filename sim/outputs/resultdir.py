@@ -51,6 +51,7 @@ from typing import Any
 
 from sim import __version__
 from sim.errors import ScenarioError
+from sim.paths import expand_path  # noqa: F401 - re-exported: commands take it from here
 
 MANIFEST = ".dtsim-result.json"
 PREV_SUFFIX = ".prev"
@@ -67,17 +68,6 @@ interrupt_reported = False
 
 def _err(msg: str, field: str = "--out") -> ScenarioError:
     return ScenarioError(msg, field)
-
-
-def expand_path(path: str | os.PathLike, field: str) -> Path:
-    """``path`` with a leading ``~`` or ``~USER`` expanded; one line naming ``field`` when there is no
-    such user (Path.expanduser raises RuntimeError there)."""
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:
-        head = str(path).split(os.sep, 1)[0]
-        raise _err(f"{str(path)!r} starts with {head!r}, but this machine has no such user's home folder; "
-                   "write the path out in full", field) from None
 
 
 # The longest file name most file systems take (NAME_MAX), and what the staging folder adds to NAME.

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sim.errors import ScenarioError
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.links import LinkSpec
+from sim.paths import NO_SUCH_HOME_FIX, no_such_home, unknown_home
 from sim.scenario.base import (
     ALGORITHMS,
     COLLECTIVE_ALGORITHMS,
@@ -171,6 +172,9 @@ class Scenario(_Strict):
             raise RuleError(None, show(value), "an empty path",
                             "give the profile's path, or remove calibration to use the datasheet roofline")
         base = (info.context or {}).get("base_dir")
+        head = unknown_home(value)
+        if head is not None:
+            raise RuleError(None, show(value), no_such_home(head), NO_SUCH_HOME_FIX)
         given = Path(value).expanduser()
         if given.is_absolute():
             candidates = [given]

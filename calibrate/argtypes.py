@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from sim.paths import ends_in_separator
+
 # The most worker processes a CPU run starts (calibrate and validate alike): one per simulated device; more
 # only oversubscribes the cores and can hang the machine.
 MAX_CPU_WORKERS = 64
@@ -104,11 +106,6 @@ class OutPath:
     def __str__(self) -> str:
         """The path as the user wrote it (with its slash): what an error message must show."""
         return str(self.path) + (os.sep if self.folder and str(self.path) != os.sep else "")
-
-
-def ends_in_separator(value: str) -> bool:
-    """Whether ``value`` names a folder by its last character ('new/', or 'new\\' on Windows)."""
-    return value.endswith(os.sep) or bool(os.altsep and value.endswith(os.altsep))
 
 
 def out_path_arg(option: str, example: str) -> Callable[[str], OutPath]:

@@ -35,3 +35,9 @@ def expand_path(path: str | os.PathLike, field: str) -> Path:
     if head is not None:
         raise ScenarioError(f"{str(path)!r} {no_such_home(head)}; {NO_SUCH_HOME_FIX}", field)
     return Path(path).expanduser()
+
+
+def ends_in_separator(value: str) -> bool:
+    """Whether ``value`` names a folder by its last character ('new/', or 'new\\' on Windows): ``Path``
+    drops that separator, so an option must look at the text it was given."""
+    return value.endswith(os.sep) or bool(os.altsep and value.endswith(os.altsep))

@@ -453,14 +453,14 @@ def _check_table_out(out: Path, cases_file: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the command with ``argv`` (the arguments after 'validate'); ScenarioError → the caller's exit 2."""
-    from sim.outputs.resultdir import expand_path
+    from sim.paths import ends_in_separator, expand_path
 
     args = build_parser().parse_args(argv)
     cases_file = expand_path(args.cases, "--cases")  # '--cases=~/set.yaml' reaches here unexpanded
     if args.out:
         from sim.outputs.resultdir import check_output_file
 
-        if args.out.endswith(os.sep) or (os.altsep and args.out.endswith(os.altsep)):  # Path() drops the slash
+        if ends_in_separator(args.out):  # Path() would drop the slash
             raise ScenarioError(f"{args.out!r} names a folder (it ends in {os.sep!r}); --out is the JSON "
                                 f"table's file: give a file name (e.g. --out {args.out}table.json)", "--out")
         _check_table_out(check_output_file(args.out, "--out", (".json",)), cases_file)  # before any case runs

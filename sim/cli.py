@@ -192,7 +192,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from sim.outputs import replot
     from sim.outputs.report import write_report
-    from sim.outputs.resultdir import ResultDir, expand_path, result_files
+    from sim.outputs.resultdir import ResultDir, result_files
+    from sim.paths import expand_path
 
     src = expand_path(args.result_dir, "result_dir")
     tl, summary = replot.load_result(src)  # a missing or corrupt result is refused before anything is written

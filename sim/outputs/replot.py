@@ -14,6 +14,7 @@ from pathlib import Path
 from sim.engine.timeline import CounterSample, Span, Timeline
 from sim.errors import ScenarioError
 from sim.outputs.charts import chart_stems, draw_all
+from sim.outputs.style import CHART_FORMATS
 from sim.outputs.timeline_meta import FILE, apply_timeline_meta, read_timeline_meta
 
 # What a run's result is made of besides its charts and report (for a folder without a manifest, where
@@ -173,7 +174,7 @@ def draw_loaded(timeline: Timeline, summary: dict, out_dir: Path, result_dir: Pa
 def plot_outputs(summary: dict) -> list[str]:
     """The files ``dtsim plot`` writes for a result with this summary (its charts and the report), known
     before drawing: an in-place plot refuses first if any of them is the user's file."""
-    return [f"{stem}{ext}" for stem in chart_stems(summary) for ext in (".png", ".svg")] + ["report.html"]
+    return [f"{stem}.{fmt}" for stem in chart_stems(summary) for fmt in CHART_FORMATS] + ["report.html"]
 
 
 def replot(result_dir: Path, out_dir: Path | None = None) -> list[Path]:

@@ -51,7 +51,7 @@ from typing import Any
 
 from sim import __version__
 from sim.errors import ScenarioError
-from sim.paths import expand_path  # noqa: F401 - re-exported: commands take it from here
+from sim.paths import expand_path
 
 MANIFEST = ".dtsim-result.json"
 PREV_SUFFIX = ".prev"

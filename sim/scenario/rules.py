@@ -31,8 +31,8 @@ def _layout_fix(p: Parallel, n: int, tensor_ok: bool = True) -> str:
     if reset:
         t = 1
     if n % (t * pp * c) == 0:
-        fix = [f"--set parallel.data={n // (t * pp * c)}"] if n // (t * pp * c) != d or not reset else []
-        return " ".join(reset + fix)
+        data = n // (t * pp * c)  # equal to d only where resetting tensor alone fixes the product
+        return " ".join(reset + ([f"--set parallel.data={data}"] if data != d else []))
     if n % (d * t * c) == 0:
         return " ".join([*reset, f"--set parallel.pipeline={n // (d * t * c)}"])
     if n % (d * pp * c) == 0 and tensor_ok:
